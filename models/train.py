@@ -1,0 +1,210 @@
+"""Train the embedded stdlib-code target/draft pair (torch, CPU) and export it.
+
+    python -m models.train            # ~30 min on 2 CPU cores
+
+Stages (each is skipped when its result already exists under --work-dir,
+so an interrupted run resumes; --force redoes everything):
+  1. a byte-level BPE tokenizer trained on the training files,
+  2. the training files encoded to one token stream (documents joined by EOS),
+  3. the target model, trained on next-token cross-entropy,
+  4. the draft model, distilled from the target's soft labels (matching the
+     target's distributions, not just its argmax, is what raises the
+     speculative-sampling acceptance rate),
+  5. both exported with fp16 weights to --dest/{target,draft}/.
+Checkpoints stay in --work-dir (ignored by git); only --dest is shipped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from models.export_onnx import export_decoder
+from models.stdlib_corpus import EOS_TOKEN, list_files, read_texts, split_files
+from models.torch_gpt import GPT
+
+TARGET = dict(n_embd=128, n_layer=3, n_head=4)
+DRAFT = dict(n_embd=64, n_layer=2, n_head=2)
+DEFAULT_DEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stdlib-code")
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TOKEN],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def write_tokenizer(tok, out_dir: str):
+    os.makedirs(out_dir, exist_ok=True)
+    tok.save(os.path.join(out_dir, "tokenizer.json"), pretty=False)  # minified: size budget
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": EOS_TOKEN, "eos_token": EOS_TOKEN, "model_max_length": None,
+                   "add_prefix_space": False, "tokenizer_class": "GPT2TokenizerFast"},
+                  f, indent=2)
+        f.write("\n")
+
+
+def encode_stream(tok, texts: list[str]) -> np.ndarray:
+    """All documents as one uint16 stream, each preceded by EOS (also used as BOS)."""
+    eos = tok.token_to_id(EOS_TOKEN)
+    parts = []
+    for enc in tok.encode_batch(texts):
+        parts.append(np.array([eos] + enc.ids, np.uint16))
+    return np.concatenate(parts)
+
+
+def batches(stream: np.ndarray, batch: int, seq: int, seed: int):
+    """Endless random windows of seq+1 tokens (inputs and shifted targets)."""
+    rng = np.random.default_rng(seed)
+    hi = len(stream) - seq - 1
+    while True:
+        starts = rng.integers(0, hi, batch)
+        w = torch.from_numpy(np.stack([stream[s:s + seq + 1] for s in starts]).astype(np.int64))
+        yield w[:, :-1], w[:, 1:]
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int = 100) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def make_optimizer(model, lr: float):
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    rest = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                              {"params": rest, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95))
+
+
+def train(model, data, steps: int, peak_lr: float, *, teacher=None, log_every=100, name=""):
+    """Cross-entropy training, or distillation when ``teacher`` is given."""
+    opt = make_optimizer(model, peak_lr)
+    model.train()
+    t0, V = time.time(), model.config["vocab_size"]
+    for step in range(steps):
+        x, y = next(data)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, peak_lr)
+        logits = model(x).view(-1, V)
+        ce = F.cross_entropy(logits, y.reshape(-1))
+        if teacher is None:
+            loss = ce
+        else:
+            with torch.no_grad():
+                soft = F.softmax(teacher(x).view(-1, V), -1)
+            # Soft-label cross-entropy == forward KL(teacher || student) + const.
+            loss = -(soft * F.log_softmax(logits, -1)).sum(-1).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % log_every == 0 or step == steps - 1:
+            print(f"[{name}] step {step}/{steps} ce {ce.item():.3f} loss {loss.item():.3f} "
+                  f"lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s", flush=True)
+    model.eval()
+    return model
+
+
+@torch.no_grad()
+def heldout_ce(model, stream: np.ndarray, seq: int, n_windows: int = 64) -> float:
+    starts = np.linspace(0, len(stream) - seq - 1, n_windows).astype(int)
+    w = torch.from_numpy(np.stack([stream[s:s + seq + 1] for s in starts]).astype(np.int64))
+    total = 0.0
+    for i in range(0, n_windows, 16):
+        x, y = w[i:i + 16, :-1], w[i:i + 16, 1:]
+        total += F.cross_entropy(model(x).flatten(0, 1), y.reshape(-1), reduction="sum").item()
+    return total / (n_windows * seq)
+
+
+def model_config(tok, arch: dict, n_positions: int) -> dict:
+    eos = tok.token_to_id(EOS_TOKEN)
+    return dict(model_type="gpt2", vocab_size=tok.get_vocab_size(), n_positions=n_positions,
+                bos_token_id=eos, eos_token_id=eos, layer_norm_epsilon=1e-5, **arch)
+
+
+def train_or_load(path, cfg, fit, force):
+    model = GPT(cfg)
+    if os.path.exists(path) and not force:
+        model.load_state_dict(torch.load(path))
+        model.eval()
+        return model
+    fit(model)
+    torch.save(model.state_dict(), path)
+    return model
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work-dir", default="out/stdlib-code")
+    ap.add_argument("--dest", default=DEFAULT_DEST)
+    ap.add_argument("--vocab-size", type=int, default=2048)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--target-steps", type=int, default=3800)
+    ap.add_argument("--draft-steps", type=int, default=2800)
+    ap.add_argument("--target-lr", type=float, default=2e-3)
+    ap.add_argument("--draft-lr", type=float, default=3e-3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--force", action="store_true")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    os.makedirs(a.work_dir, exist_ok=True)
+    from tokenizers import Tokenizer
+
+    train_files, held_files = split_files(list_files())
+    tok_path = os.path.join(a.work_dir, "tokenizer.json")
+    stream_path = os.path.join(a.work_dir, "train_ids.npy")
+    if os.path.exists(tok_path) and os.path.exists(stream_path) and not a.force:
+        tok, stream = Tokenizer.from_file(tok_path), np.load(stream_path)
+    else:
+        texts = read_texts(train_files)
+        tok = train_tokenizer(texts, a.vocab_size)
+        tok.save(tok_path)
+        stream = encode_stream(tok, texts)
+        np.save(stream_path, stream)
+    held = encode_stream(tok, read_texts(held_files))
+    print(f"train tokens {len(stream):,}  held-out tokens {len(held):,}", flush=True)
+
+    t_cfg = model_config(tok, TARGET, a.seq)
+    d_cfg = model_config(tok, DRAFT, a.seq)
+    target = train_or_load(
+        os.path.join(a.work_dir, "target.pt"), t_cfg,
+        lambda m: train(m, batches(stream, a.batch, a.seq, a.seed), a.target_steps,
+                        a.target_lr, name="target"), a.force)
+    print(f"target: {target.n_params():,} params, held-out CE {heldout_ce(target, held, a.seq):.3f}",
+          flush=True)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    draft = train_or_load(
+        os.path.join(a.work_dir, "draft.pt"), d_cfg,
+        lambda m: train(m, batches(stream, a.batch, a.seq, a.seed + 1), a.draft_steps,
+                        a.draft_lr, teacher=target, name="draft"), a.force)
+    print(f"draft: {draft.n_params():,} params, held-out CE {heldout_ce(draft, held, a.seq):.3f}",
+          flush=True)
+
+    for name, model, cfg in (("target", target, t_cfg), ("draft", draft, d_cfg)):
+        out = os.path.join(a.dest, name)
+        export_decoder(model.numpy_weights(), cfg, out, weight_dtype="float16")
+        write_tokenizer(tok, out)
+        print(f"exported {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
