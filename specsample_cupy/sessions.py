@@ -1,0 +1,296 @@
+"""ONNX decoders exported by Hugging Face optimum, run one step at a time over a KV cache.
+
+Two export layouts are understood:
+
+    model.onnx                  decoder with past. Inputs input_ids [B,S] int64, attention_mask [B,past+S]
+                                int64, position_ids [B,S] int64 (optional), past_key_values.{i}.key/.value
+                                [B,H,past,D]; outputs logits [B,S,V] and present.{i}.key/.value [B,H,past+S,D].
+    decoder_model_merged.onnx   the same plus a bool input use_cache_branch; the first pass takes the
+                                no-past branch (use_cache_branch False, empty past), as optimum does.
+
+ONNX Runtime reads and writes every tensor in place through IOBinding: the cache (sessions_cache.KVCache)
+and the logits live in preallocated arrays of the session's array module, CuPy on device="cuda" (logits
+never leave the GPU) and NumPy on device="cpu". Both models of a pair share one CUDA stream, which ONNX
+Runtime uses as its compute stream, so a run is ordered with the CuPy work around it without host syncs.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specsample_cupy.sessions_cache import KVCache, buffer_ptr
+
+MODEL_FILES = ("model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx")
+PAST_INPUT = re.compile(r"past_key_values\.(\d+)\.(key|value)$")
+KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", "use_cache_branch"}
+ONNX_FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+CONTEXT_KEYS = ("n_positions", "max_position_embeddings", "n_ctx")
+
+
+def _read_json(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def _ids(value) -> tuple[int, ...]:
+    """A config's token id field (None, an int or a list of ints) as a tuple."""
+    if value is None:
+        return ()
+    return tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+
+
+@dataclass
+class ModelSpec:
+    """What a model directory declares: the ONNX file, config, tokenizer and special token ids."""
+    model_dir: Path
+    onnx_path: Path
+    config: dict
+    vocab_size: int
+    context_length: int | None   # n_positions / max_position_embeddings; None if the config has none
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    pad_token_id: int
+    tokenizer: object            # tokenizers.Tokenizer
+
+    @classmethod
+    def from_dir(cls, model_dir) -> "ModelSpec":
+        from tokenizers import Tokenizer
+
+        model_dir = Path(model_dir)
+        if not model_dir.is_dir():
+            raise ValueError(f"model directory {model_dir} does not exist")
+        onnx_path = next((model_dir / n for n in MODEL_FILES if (model_dir / n).exists()), None)
+        if onnx_path is None:
+            if (model_dir / "decoder_model.onnx").exists():
+                raise ValueError(f"{model_dir} holds only decoder_model.onnx, a decoder without past; "
+                                 "export with the task text-generation-with-past")
+            raise ValueError(f"{model_dir} has none of {', '.join(MODEL_FILES)}")
+        config = _read_json(model_dir / "config.json")
+        if not config:
+            raise ValueError(f"{model_dir} has no config.json")
+        if "vocab_size" not in config:
+            raise ValueError(f"{model_dir / 'config.json'} lacks vocab_size")
+        if not (model_dir / "tokenizer.json").exists():
+            raise ValueError(f"{model_dir} has no tokenizer.json")
+        generation = _read_json(model_dir / "generation_config.json")
+        special = {k: generation.get(k, config.get(k)) for k in ("eos_token_id", "bos_token_id", "pad_token_id")}
+        eos = _ids(special["eos_token_id"])
+        bos = _ids(special["bos_token_id"])
+        pad = _ids(special["pad_token_id"]) or eos or (0,)
+        context = next((int(config[k]) for k in CONTEXT_KEYS if config.get(k)), None)
+        return cls(model_dir, onnx_path, config, int(config["vocab_size"]), context, eos,
+                   bos[0] if bos else None, pad[0], Tokenizer.from_file(str(model_dir / "tokenizer.json")))
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(text).ids
+        if not ids:
+            # An empty prompt still needs one token to condition on; start from BOS (or EOS, as GPT-2 does).
+            start = self.bos_token_id if self.bos_token_id is not None else (self.eos_token_ids or (None,))[0]
+            if start is None:
+                raise ValueError("empty prompt and the model declares no bos/eos token to start from")
+            ids = [start]
+        return ids
+
+
+def check_pair(target: ModelSpec, draft: ModelSpec):
+    """Raise ValueError unless the draft can propose tokens for the target: same vocabulary and tokenizer."""
+    if target.vocab_size != draft.vocab_size:
+        raise ValueError(f"vocab sizes differ: target {target.model_dir} has {target.vocab_size}, "
+                         f"draft {draft.model_dir} has {draft.vocab_size}")
+    t_vocab = target.tokenizer.get_vocab(with_added_tokens=True)
+    d_vocab = draft.tokenizer.get_vocab(with_added_tokens=True)
+    if t_vocab != d_vocab:
+        differing = sorted(set(t_vocab.items()) ^ set(d_vocab.items()), key=lambda kv: kv[1])[:3]
+        raise ValueError(f"tokenizers differ between target {target.model_dir} and draft {draft.model_dir} "
+                         f"(e.g. token/id pairs {differing} are in only one of them)")
+
+
+def cuda_available() -> bool:
+    """True if CuPy sees a CUDA device and ONNX Runtime has its CUDA execution provider."""
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return False
+        import onnxruntime as ort
+        _preload_cuda_libraries(ort)
+        return "CUDAExecutionProvider" in ort.get_available_providers()
+    except Exception:
+        return False
+
+
+def _preload_cuda_libraries(ort):
+    # onnxruntime-gpu wheels find the CUDA/cuDNN libraries of the pip packages only after this call.
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception:
+            pass
+
+
+def array_module(device: str):
+    if device == "cuda":
+        import cupy
+        return cupy
+    if device == "cpu":
+        return np
+    raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+
+
+def _inference_session(path: Path, device: str, stream, device_id: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if device == "cpu":
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    _preload_cuda_libraries(ort)
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise RuntimeError("device='cuda' needs onnxruntime-gpu (CUDAExecutionProvider is not available)")
+    cuda = {"device_id": str(device_id), "user_compute_stream": str(stream.ptr)}
+    return ort.InferenceSession(str(path), options, providers=[("CUDAExecutionProvider", cuda),
+                                                               "CPUExecutionProvider"])
+
+
+class DecoderSession:
+    """One decoder-with-past ONNX model bound to preallocated buffers.
+
+    Graph facts read from the model: n_layer, n_kv_heads, head_dim, kv_dtype, logits_dtype,
+    has_position_ids, has_cache_branch. Use new_cache() once per batch, then forward() per step.
+    """
+
+    def __init__(self, spec: ModelSpec, device: str = "cpu", stream=None, device_id: int = 0):
+        import onnxruntime as ort
+
+        self.spec, self.device, self.stream, self.device_id = spec, device, stream, device_id
+        self.xp = array_module(device)
+        self.session = _inference_session(spec.onnx_path, device, stream, device_id)
+        self._read_graph()
+        self._binding = self.session.io_binding()
+        self._run_options = ort.RunOptions()
+        if device == "cuda":
+            # Return as soon as the work is enqueued on the stream; the decode loop syncs once per round.
+            self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+        self._logits_buffer = None
+        self._keep_alive = ()
+
+    def _read_graph(self):
+        path = self.spec.onnx_path
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        outputs = {o.name: o for o in self.session.get_outputs()}
+        layers = sorted({int(m.group(1)) for m in map(PAST_INPUT.match, inputs) if m})
+        if not layers:
+            raise ValueError(f"{path} is not a decoder-with-past export: it has no past_key_values.* inputs "
+                             "(export with the task text-generation-with-past)")
+        for name in ("input_ids", "attention_mask"):
+            if name not in inputs:
+                raise ValueError(f"{path} lacks the input {name!r}")
+        if "logits" not in outputs:
+            raise ValueError(f"{path} lacks the output 'logits'")
+        if layers != list(range(len(layers))):
+            raise ValueError(f"{path}: past_key_values layers {layers} are not numbered 0..n-1")
+        self.n_layer = len(layers)
+        self.cache_names = []   # (past input, present output) per cache tensor: key, value of layer 0, ...
+        for i in range(self.n_layer):
+            for kind in ("key", "value"):
+                past, present = f"past_key_values.{i}.{kind}", f"present.{i}.{kind}"
+                if past not in inputs:
+                    raise ValueError(f"{path} lacks the input {past!r}")
+                if present not in outputs:
+                    raise ValueError(f"{path} lacks the output {present!r}")
+                self.cache_names.append((past, present))
+        unknown = sorted(n for n in inputs if n not in KNOWN_INPUTS and not PAST_INPUT.match(n))
+        if unknown:
+            raise ValueError(f"{path} has inputs this decoder cannot feed: {unknown}")
+
+        key = inputs["past_key_values.0.key"]
+        if len(key.shape) != 4:
+            raise ValueError(f"{path}: past_key_values.0.key has shape {key.shape}; expected [B, H, past, D]")
+        cfg = self.spec.config
+        heads = cfg.get("num_key_value_heads") or cfg.get("n_head") or cfg.get("num_attention_heads")
+        hidden = cfg.get("n_embd") or cfg.get("hidden_size")
+        self.n_kv_heads = key.shape[1] if isinstance(key.shape[1], int) else heads
+        self.head_dim = key.shape[3] if isinstance(key.shape[3], int) else cfg.get("head_dim") or (
+            hidden // (cfg.get("n_head") or cfg.get("num_attention_heads")) if hidden else None)
+        if not self.n_kv_heads or not self.head_dim:
+            raise ValueError(f"{path}: cannot tell the number of KV heads / head size from the graph or config")
+        self.kv_dtype = self._float_type(key)
+        self.logits_dtype = self._float_type(outputs["logits"])
+        vocab = outputs["logits"].shape[-1]
+        self.vocab_size = vocab if isinstance(vocab, int) else self.spec.vocab_size
+        if self.vocab_size != self.spec.vocab_size:
+            raise ValueError(f"{path}: logits have {self.vocab_size} columns but config.json says "
+                             f"vocab_size={self.spec.vocab_size}")
+        self.has_position_ids = "position_ids" in inputs
+        self.has_cache_branch = "use_cache_branch" in inputs
+
+    def _float_type(self, arg):
+        if arg.type not in ONNX_FLOAT_TYPES:
+            raise ValueError(f"{self.spec.onnx_path}: {arg.name} is {arg.type}; only float32 and float16 are supported")
+        return np.dtype(ONNX_FLOAT_TYPES[arg.type])
+
+    def on_stream(self):
+        return self.stream if self.stream is not None else contextlib.nullcontext()
+
+    def new_cache(self, batch: int, capacity: int, slack: int = 32) -> KVCache:
+        """An empty cache for `batch` rows holding up to `capacity` columns (see KVCache)."""
+        return KVCache(self.xp, len(self.cache_names), batch, self.n_kv_heads, self.head_dim, self.kv_dtype,
+                       capacity, slack=slack, stream=self.stream)
+
+    def _logits_view(self, batch: int, steps: int):
+        size = batch * steps * self.vocab_size
+        if self._logits_buffer is None or self._logits_buffer.size < size:
+            self._logits_buffer = self.xp.empty(size, self.logits_dtype)
+        return self._logits_buffer[:size].reshape(batch, steps, self.vocab_size)
+
+    def _bind_input(self, name, array):
+        self._binding.bind_input(name, self.device, self.device_id, array.dtype.type, array.shape, buffer_ptr(array))
+
+    def _bind_output(self, name, array):
+        self._binding.bind_output(name, self.device, self.device_id, array.dtype.type, array.shape, buffer_ptr(array))
+
+    def forward(self, cache: KVCache, input_ids, new_mask: np.ndarray, positions: np.ndarray):
+        """Run S new columns through the model and append their keys/values to the cache.
+
+        input_ids: [B, S] ints, NumPy or the session's array module (draft tokens stay on the device).
+        new_mask: [B, S] host bool/int, 1 where the column is a real token of that row, 0 for a hole
+            (padding, a finished request, a position past a request's draft length).
+        positions: [B, S] host ints, each real token's index in its sequence (holes: anything in range).
+        Returns logits [B, S, V] of the session's array module, a view of a buffer the next forward()
+        overwrites.
+        """
+        xp = self.xp
+        batch, steps = new_mask.shape
+        cache.make_room(steps)
+        attention_mask = np.concatenate([cache.mask, new_mask.astype(np.int64)], axis=1)
+        with self.on_stream():
+            feeds = {"input_ids": xp.ascontiguousarray(xp.asarray(input_ids), dtype=xp.int64),
+                     "attention_mask": xp.asarray(attention_mask)}
+            if self.has_position_ids:
+                limit = (self.spec.context_length or np.iinfo(np.int64).max) - 1
+                feeds["position_ids"] = xp.asarray(np.clip(positions, 0, limit).astype(np.int64))
+            for name, array in feeds.items():
+                self._bind_input(name, array)
+            if self.has_cache_branch:
+                use_cache = np.array([cache.length > 0])
+                self._binding.bind_cpu_input("use_cache_branch", use_cache)
+                feeds["use_cache_branch"] = use_cache
+            past, present = cache.past(), cache.present(steps)
+            for (past_name, present_name), past_tensor, present_tensor in zip(self.cache_names, past, present):
+                self._bind_input(past_name, past_tensor)
+                self._bind_output(present_name, present_tensor)
+            logits = self._logits_view(batch, steps)
+            self._bind_output("logits", logits)
+            self.session.run_with_iobinding(self._binding, self._run_options)
+            # The run may still be reading these on the stream; later allocations are ordered after it,
+            # but keep them referenced until the next call all the same.
+            self._keep_alive = tuple(feeds.values())
+        cache.advance(new_mask)
+        return logits
