@@ -1,0 +1,417 @@
+// Fused speculative-sampling verification: softmax statistics, acceptance, first rejection and
+// residual/bonus sampling in ONE launch, for any batch size.
+//
+// Parallel decomposition. A persistent grid (no more blocks than fit on the GPU at once) walks a
+// list of work items with a grid stride. Items are ordered request by request:
+//   P1(b, row, slice)  one 256-thread block reduces a vocabulary slice of one row of request b to
+//                      online-softmax statistics (max, sum exp, first argmax), read once with
+//                      16-byte loads. Rows are the gamma+1 target rows then the gamma draft rows.
+//                      The block that finishes a row last (atomic counter) combines its slices
+//                      and bumps the request's ready counter.
+//   P2(b, slice)       waits until all rows of request b are combined, finds the first rejection
+//                      n with warp 0 (one lane per draft position, ballot), then runs an
+//                      exponential race (argmax r_j / E_j, E_j ~ Exp(1) from Philox) over its slice
+//                      of row n: r = max(0, p - q) for a rejection, r = p for the bonus token.
+//                      The last P2 block of request b (atomic counter) reduces the slice winners
+//                      and writes accepted / emitted / tokens / error, then zeroes the counters.
+// The race needs no prefix sum, so the residual is sampled by all slices in parallel and no
+// [gamma, V] probability, ratio or residual matrix is ever written. A P2 item only waits on P1
+// items that come earlier in the list and whose blocks are resident (grid <= occupancy), so the
+// wait always ends. Requests' row n was read moments before by P1, so its re-read hits L2.
+// MODE_SIGMOID has no P1 items: the paper's element-wise sigmoid needs no row statistics.
+#include "philox.cuh"
+#include "block_reduce.cuh"
+
+#define SS_MODE_LOGITS 0
+#define SS_MODE_PROBS 1
+#define SS_MODE_SIGMOID 2
+
+// Error codes, as in specsample_cupy/errors.py.
+#define SS_ERR_TARGET 1
+#define SS_ERR_DRAFT 2
+#define SS_ERR_TOKEN 4
+#define SS_ERR_NO_MASS 8
+#define SS_ERR_LENGTH 16
+#define SS_ERR_TEMPERATURE 32
+
+#define SS_INF __int_as_float(0x7f800000)
+
+struct f32 { typedef float storage; };
+struct f16 { typedef unsigned short storage; };
+struct bf16 { typedef unsigned short storage; };
+
+template <class T> __device__ __forceinline__ float decode(typename T::storage v);
+template <> __device__ __forceinline__ float decode<f32>(float v) { return v; }
+template <> __device__ __forceinline__ float decode<f16>(unsigned short v) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
+  return f;
+}
+template <> __device__ __forceinline__ float decode<bf16>(unsigned short v) {
+  return __uint_as_float(((unsigned)v) << 16);
+}
+
+// VEC consecutive elements starting at p (16-byte aligned when VEC > 1), as float.
+template <class T, int VEC>
+__device__ __forceinline__ void load_vec(const typename T::storage* p, float (&out)[VEC]) {
+  if constexpr (VEC == 1) {
+    out[0] = decode<T>(p[0]);
+  } else {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+    if constexpr (sizeof(typename T::storage) == 4) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) out[k] = __uint_as_float(w[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        out[2 * k] = decode<T>((unsigned short)(w[k] & 0xffffu));
+        out[2 * k + 1] = decode<T>((unsigned short)(w[k] >> 16));
+      }
+    }
+  }
+}
+
+// VEC race variates for indices base .. base+VEC-1 (base a multiple of VEC).
+template <int VEC>
+__device__ __forceinline__ void race_variates(const PhiloxStream& ps, int base, float (&e)[VEC]) {
+  if constexpr (VEC == 1) {
+    e[0] = race_exponential(ps.word((unsigned)base));
+  } else {
+#pragma unroll
+    for (int g = 0; g < VEC / 4; ++g) {
+      const uint4 w = ps.block((unsigned)(base >> 2) + g);
+      e[4 * g] = race_exponential(w.x);
+      e[4 * g + 1] = race_exponential(w.y);
+      e[4 * g + 2] = race_exponential(w.z);
+      e[4 * g + 3] = race_exponential(w.w);
+    }
+  }
+}
+
+__device__ __forceinline__ SoftmaxStat load_stat(const int* p) {
+  SoftmaxStat s;
+  s.m = __int_as_float(__ldcg(p));
+  s.s = __int_as_float(__ldcg(p + 1));
+  s.arg = __ldcg(p + 2);
+  return s;
+}
+__device__ __forceinline__ void store_stat(int* p, SoftmaxStat s) {
+  p[0] = __float_as_int(s.m);
+  p[1] = __float_as_int(s.s);
+  p[2] = s.arg;
+}
+
+struct Request {
+  int L;         // draft tokens to verify, in [0, G]
+  float inv_t;   // 1 / temperature (1 for greedy requests)
+  bool greedy;   // temperature 0: accept while the draft is the target's argmax
+  int errs;
+};
+
+template <class T, class TOK, int VEC, int MODE>
+struct Verifier {
+  typedef typename T::storage S;
+  static constexpr int UNROLL = 4;  // 16-byte loads in flight per thread in P1
+
+  const TOK* draft_tokens;
+  const S* draft;
+  const S* target;
+  const int* lengths;
+  const float* temps;
+  float temp_scalar;
+  unsigned long long seed;
+  unsigned offset;
+  float sig_offset, sig_inv_scale;
+  unsigned race_purpose;
+  int B, G, V, S1, C1, S2, C2, R;
+  int *row_ctr, *req_ctr, *fin_ctr, *err, *part, *stat, *cand;
+  int *accepted, *emitted, *error, *tokens;
+
+  __device__ __forceinline__ Request request(int b) const {
+    Request rq;
+    rq.errs = 0;
+    float t = temps ? temps[b] : temp_scalar;
+    if (!(t >= 0.f && t < SS_INF)) { rq.errs |= SS_ERR_TEMPERATURE; t = 1.f; }
+    rq.greedy = MODE != SS_MODE_SIGMOID && t == 0.f;
+    rq.inv_t = t == 0.f ? 1.f : 1.f / t;
+    rq.L = lengths ? lengths[b] : G;
+    if (rq.L < 0 || rq.L > G) { rq.errs |= SS_ERR_LENGTH; rq.L = min(max(rq.L, 0), G); }
+    return rq;
+  }
+
+  __device__ const S* target_row(int b, int i) const { return target + ((long long)b * (G + 1) + i) * V; }
+  __device__ const S* draft_row(int b, int i) const { return draft + ((long long)b * G + i) * V; }
+
+  // ---- P1: statistics of one vocabulary slice of one row -------------------------------------
+  __device__ __forceinline__ void scan_slice(const S* row, int lo, int hi, float inv_t, SoftmaxStat& st, bool& bad) const {
+    constexpr int STEP = SS_THREADS * VEC;
+    for (int base = lo + threadIdx.x * VEC; base < hi; base += UNROLL * STEP) {
+      float v[UNROLL][VEC];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        if (base + u * STEP < hi) {
+          load_vec<T, VEC>(row + base + u * STEP, v[u]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) v[u][e] = MODE == SS_MODE_PROBS ? 0.f : -SS_INF;
+        }
+      }
+      if constexpr (MODE == SS_MODE_PROBS) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            bad |= !(v[u][e] >= 0.f && v[u][e] < SS_INF);
+            st.s += v[u][e];
+          }
+      } else {
+        float gm = -SS_INF;
+        int garg = 0x7fffffff;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) {
+            bad |= (v[u][e] != v[u][e]) || (v[u][e] == SS_INF);
+            v[u][e] *= inv_t;
+            if (v[u][e] > gm) { gm = v[u][e]; garg = base + u * STEP + e; }
+          }
+        if (gm > st.m) {
+          st.s *= __expf(st.m - gm);
+          st.m = gm;
+          st.arg = garg;
+        }
+        if (st.m != -SS_INF) {
+#pragma unroll
+          for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) st.s += __expf(v[u][e] - st.m);
+        }
+      }
+    }
+  }
+
+  __device__ __forceinline__ void phase1(int b, int r, int s, SoftmaxStat* red, int* flag) const {
+    const Request rq = request(b);
+    const bool is_target = r <= G;
+    const int i = is_target ? r : r - G - 1;
+    const bool active = is_target ? i <= rq.L : (i < rq.L && !rq.greedy);
+    if (active) {
+      SoftmaxStat st = {MODE == SS_MODE_PROBS ? 0.f : -SS_INF, 0.f, 0x7fffffff};
+      bool bad = false;
+      const int lo = s * C1, hi = min(V, lo + C1);
+      scan_slice(is_target ? target_row(b, i) : draft_row(b, i), lo, hi, rq.inv_t, st, bad);
+      st = block_reduce(st, CombineStat(), red);
+      const int any_bad = __syncthreads_or(bad);
+      if (threadIdx.x == 0) {
+        store_stat(part + ((long long)(b * R + r) * S1 + s) * 3, st);
+        if (any_bad) atomicOr(err + b, is_target ? SS_ERR_TARGET : SS_ERR_DRAFT);
+      }
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) *flag = atomicAdd(row_ctr + b * R + r, 1) == S1 - 1;
+    __syncthreads();
+    if (!*flag) return;
+    __threadfence();
+    // Last slice of this row: combine the slices' statistics.
+    if (active) {
+      SoftmaxStat st = {MODE == SS_MODE_PROBS ? 0.f : -SS_INF, 0.f, 0x7fffffff};
+      const int* rp = part + (long long)(b * R + r) * S1 * 3;
+      for (int k = threadIdx.x; k < S1; k += SS_THREADS) st = combine(st, load_stat(rp + 3 * k));
+      st = block_reduce(st, CombineStat(), red);
+      if (threadIdx.x == 0) {
+        store_stat(stat + (b * R + r) * 3, st);
+        const bool empty = MODE == SS_MODE_PROBS ? !(st.s > 0.f) : st.m == -SS_INF;
+        if (empty) atomicOr(err + b, SS_ERR_NO_MASS);
+      }
+    }
+    if (threadIdx.x == 0) {
+      row_ctr[b * R + r] = 0;
+      __threadfence();
+      atomicAdd(req_ctr + b, 1);
+    }
+  }
+
+  // ---- P2: acceptance and the race over one slice of the emitted row -------------------------
+  __device__ __forceinline__ float weight(float v, float inv_t, SoftmaxStat st, float inv_s) const {
+    if constexpr (MODE == SS_MODE_LOGITS) return __expf(v * inv_t - st.m) * inv_s;
+    else if constexpr (MODE == SS_MODE_PROBS) return v * inv_s;
+    else return 1.f / (1.f + __expf(-(v * inv_t - sig_offset) * sig_inv_scale));
+  }
+
+  // Is draft token x at position i accepted? u_i q_i(x) <= p_i(x) and p_i(x) > 0.
+  __device__ __forceinline__ bool accepts(int b, int i, int x, const Request& rq) const {
+    const float z = decode<T>(target_row(b, i)[x]) * rq.inv_t;
+    if constexpr (MODE == SS_MODE_SIGMOID) {
+      const float y = decode<T>(draft_row(b, i)[x]) * rq.inv_t;
+      const float p = 1.f / (1.f + expf(-(z - sig_offset) * sig_inv_scale));
+      const float q = 1.f / (1.f + expf(-(y - sig_offset) * sig_inv_scale));
+      const float u = acceptance_uniform(PhiloxStream(seed, offset, b, 0, SS_PURPOSE_ACCEPT).word(i));
+      return p > 0.f && u * q <= p;
+    } else {
+      const SoftmaxStat sp = load_stat(stat + (b * R + i) * 3);
+      if (rq.greedy) return x == sp.arg;
+      const SoftmaxStat sq = load_stat(stat + (b * R + G + 1 + i) * 3);
+      const float y = decode<T>(draft_row(b, i)[x]) * rq.inv_t;
+      const float p = MODE == SS_MODE_PROBS ? z / sp.s : expf(z - sp.m) / sp.s;
+      const float q = MODE == SS_MODE_PROBS ? y / sq.s : expf(y - sq.m) / sq.s;
+      const float u = acceptance_uniform(PhiloxStream(seed, offset, b, 0, SS_PURPOSE_ACCEPT).word(i));
+      return p > 0.f && u * q <= p;
+    }
+  }
+
+  // Warp 0: first rejected position (or L) and request-level errors.
+  __device__ __forceinline__ void first_rejection(int b, const Request& rq, int* s_n, int* s_err) const {
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    int n = rq.L, errs = rq.errs;
+    for (int base = 0; base < rq.L; base += 32) {
+      const int i = base + lane;
+      bool reject = false;
+      if (i < rq.L) {
+        const long long x = (long long)draft_tokens[(long long)b * G + i];
+        if (x < 0 || x >= V) { errs |= SS_ERR_TOKEN; reject = true; }
+        else reject = !accepts(b, i, (int)x, rq);
+      }
+      errs = __reduce_or_sync(0xffffffffu, errs);
+      const unsigned m = __ballot_sync(0xffffffffu, reject);
+      if (m) { n = base + __ffs(m) - 1; break; }
+    }
+    if (lane == 0) { *s_n = n; *s_err = errs; }
+  }
+
+  __device__ __forceinline__ void phase2(int b, int s, RaceBest* red, int* sh) const {
+    const Request rq = request(b);
+    if constexpr (MODE != SS_MODE_SIGMOID) {
+      if (threadIdx.x == 0) {
+        while (*(volatile int*)(req_ctr + b) < R) __nanosleep(64);
+        __threadfence();
+      }
+      __syncthreads();
+    }
+    first_rejection(b, rq, sh + 0, sh + 1);
+    __syncthreads();
+    const int n = sh[0];
+    const int errs = sh[1] | (MODE != SS_MODE_SIGMOID ? __ldcg(err + b) : 0);
+
+    RaceBest res = {-1.f, 0x7fffffff}, pb = {-1.f, 0x7fffffff};
+    bool bad = false;
+    if (!errs && !rq.greedy) {
+      const bool bonus = n >= rq.L;
+      const S* zrow = target_row(b, n);
+      const S* yrow = bonus ? zrow : draft_row(b, n);
+      SoftmaxStat sp = {0.f, 1.f, 0}, sq = {0.f, 1.f, 0};
+      if constexpr (MODE != SS_MODE_SIGMOID) {
+        sp = load_stat(stat + (b * R + n) * 3);
+        if (!bonus) sq = load_stat(stat + (b * R + G + 1 + n) * 3);
+      }
+      const float inv_sp = 1.f / sp.s, inv_sq = 1.f / sq.s;
+      const PhiloxStream ps(seed, offset, b, n, race_purpose);
+      const int lo = s * C2, hi = min(V, lo + C2);
+      for (int base = lo + threadIdx.x * VEC; base < hi; base += SS_THREADS * VEC) {
+        float z[VEC], y[VEC], e[VEC];
+        load_vec<T, VEC>(zrow + base, z);
+        if (!bonus) load_vec<T, VEC>(yrow + base, y);
+        race_variates<VEC>(ps, base, e);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          if constexpr (MODE == SS_MODE_SIGMOID) {
+            bad |= (z[k] != z[k]) || (z[k] == SS_INF);
+            if (!bonus) bad |= (y[k] != y[k]) || (y[k] == SS_INF);
+          }
+          const float wp = weight(z[k], rq.inv_t, sp, inv_sp);
+          const float wq = bonus ? 0.f : weight(y[k], rq.inv_t, sq, inv_sq);
+          const float kr = wp - wq > 0.f ? (wp - wq) / e[k] : -1.f;
+          const float kp = wp > 0.f ? wp / e[k] : -1.f;
+          if (kr > res.key) { res.key = kr; res.idx = base + k; }
+          if (kp > pb.key) { pb.key = kp; pb.idx = base + k; }
+        }
+      }
+    }
+    res = block_reduce(res, BetterRace(), red);
+    pb = block_reduce(pb, BetterRace(), red);
+    const int any_bad = __syncthreads_or(bad);
+    if (threadIdx.x == 0) {
+      int* c = cand + ((long long)b * S2 + s) * 4;
+      c[0] = __float_as_int(res.key); c[1] = res.idx;
+      c[2] = __float_as_int(pb.key); c[3] = pb.idx;
+      if (any_bad) atomicOr(err + b, SS_ERR_TARGET);
+      __threadfence();
+      sh[2] = atomicAdd(fin_ctr + b, 1) == S2 - 1;
+    }
+    __syncthreads();
+    if (!sh[2]) return;
+    __threadfence();
+    finish(b, rq, n, red, sh);
+  }
+
+  // Last P2 block of request b: reduce the slices' winners and write the outputs.
+  __device__ __forceinline__ void finish(int b, const Request& rq, int n, RaceBest* red, int* sh) const {
+    RaceBest res = {-1.f, 0x7fffffff}, pb = {-1.f, 0x7fffffff};
+    for (int k = threadIdx.x; k < S2; k += SS_THREADS) {
+      const int* c = cand + ((long long)b * S2 + k) * 4;
+      res = better(res, RaceBest{__int_as_float(__ldcg(c)), __ldcg(c + 1)});
+      pb = better(pb, RaceBest{__int_as_float(__ldcg(c + 2)), __ldcg(c + 3)});
+    }
+    res = block_reduce(res, BetterRace(), red);
+    pb = block_reduce(pb, BetterRace(), red);
+    if (threadIdx.x == 0) {
+      int errs = sh[1] | atomicOr(err + b, 0);
+      int token = -1;
+      if (!errs) {
+        if (rq.greedy) token = load_stat(stat + (b * R + n) * 3).arg;
+        else token = res.key > 0.f ? res.idx : (pb.key > 0.f ? pb.idx : -1);
+        if (token < 0) errs |= SS_ERR_NO_MASS;
+      }
+      sh[3] = token;
+      sh[1] = errs;
+      accepted[b] = errs ? -1 : n;
+      emitted[b] = errs ? 0 : n + 1;
+      error[b] = errs;
+      fin_ctr[b] = 0;
+      req_ctr[b] = 0;
+      err[b] = 0;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i <= G; i += SS_THREADS) {
+      int t = -1;
+      if (!sh[1]) t = i < n ? (int)draft_tokens[(long long)b * G + i] : (i == n ? sh[3] : -1);
+      tokens[(long long)b * (G + 1) + i] = t;
+    }
+  }
+};
+
+template <class T, class TOK, int VEC, int MODE>
+__global__ void __launch_bounds__(SS_THREADS, 2) verify_kernel(
+    const TOK* draft_tokens, const typename T::storage* draft, const typename T::storage* target,
+    const int* lengths, const float* temps, float temp_scalar,
+    unsigned long long seed, const long long* seed_ptr, unsigned long long offset, const long long* offset_ptr,
+    float sig_offset, float sig_scale, unsigned race_purpose,
+    int B, int G, int V, int S1, int C1, int S2, int C2,
+    int* ws, long long part_off, long long stat_off, long long cand_off, int* out) {
+  __shared__ SoftmaxStat red_stat[SS_WARPS];
+  __shared__ RaceBest red_race[SS_WARPS];
+  __shared__ int sh[4];
+  Verifier<T, TOK, VEC, MODE> v;
+  v.draft_tokens = draft_tokens; v.draft = draft; v.target = target;
+  v.lengths = lengths; v.temps = temps; v.temp_scalar = temp_scalar;
+  v.seed = seed_ptr ? (unsigned long long)*seed_ptr : seed;
+  v.offset = (unsigned)(offset_ptr ? (unsigned long long)*offset_ptr : offset);
+  v.sig_offset = sig_offset; v.sig_inv_scale = 1.f / sig_scale; v.race_purpose = race_purpose;
+  v.B = B; v.G = G; v.V = V; v.S1 = S1; v.C1 = C1; v.S2 = S2; v.C2 = C2;
+  v.R = MODE == SS_MODE_SIGMOID ? 0 : 2 * G + 1;
+  const int R = v.R;
+  v.row_ctr = ws; v.req_ctr = ws + B * R; v.fin_ctr = ws + B * R + B; v.err = ws + B * R + 2 * B;
+  v.part = ws + part_off; v.stat = ws + stat_off; v.cand = ws + cand_off;
+  v.accepted = out; v.emitted = out + B; v.error = out + 2 * B; v.tokens = out + 3 * B;
+
+  const long long p1 = (long long)R * S1, per_req = p1 + S2, total = per_req * B;
+  for (long long item = blockIdx.x; item < total; item += gridDim.x) {
+    const int b = (int)(item / per_req);
+    const long long k = item - b * per_req;
+    if (k < p1) v.phase1(b, (int)(k / S1), (int)(k % S1), red_stat, sh);
+    else v.phase2(b, (int)(k - p1), red_race, sh);
+    __syncthreads();  // shared flags are reused by the next item
+  }
+}

@@ -1,0 +1,215 @@
+"""verify(): the verification step of speculative sampling, on CuPy (GPU kernels) or NumPy (CPU reference)."""
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+import numpy as np
+
+from specsample_cupy import errors
+from specsample_cupy.philox import PURPOSE_RESIDUAL
+
+METHODS = ("exact", "sigmoid", "baseline", "greedy")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+# The paper's released code: sigmoid((z + 10000) / 20000).
+SIGMOID_OFFSET, SIGMOID_SCALE = -10000.0, 20000.0
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of one verification step, arrays of the input's module (NumPy or CuPy), int32.
+
+    accepted [B]: draft tokens accepted per request (-1 where error != 0).
+    tokens [B, gamma+1]: the accepted drafts, then the resampled or bonus token, then -1 padding.
+    emitted [B]: accepted + 1 (0 where error != 0).
+    error [B]: 0, or a bit set of specsample_cupy.errors codes; the request's tokens are all -1.
+    """
+    accepted: object
+    tokens: object
+    emitted: object
+    error: object
+
+    def check(self):
+        """Raise ValueError naming the failed requests (synchronises with the device on CuPy)."""
+        err = self.error.get() if hasattr(self.error, "get") else self.error
+        errors.raise_if_any(err)
+        return self
+
+
+def _module(*arrays):
+    kinds = {type(a).__module__.split(".")[0] for a in arrays}
+    if kinds <= {"numpy"}:
+        return np
+    if kinds <= {"cupy"}:
+        import cupy
+        return cupy
+    raise TypeError("draft_tokens, draft_logits and target_logits must all be NumPy arrays or all CuPy arrays")
+
+
+def _float_dtype_name(arr, arg, logits_dtype):
+    name = arr.dtype.name
+    if logits_dtype == "bfloat16" and name == "uint16":
+        return "bfloat16"
+    if name not in FLOAT_DTYPES:
+        raise TypeError(f"{arg} must be float32, float16 or bfloat16, got {arr.dtype}")
+    return name
+
+
+def _check_shapes(draft_tokens, draft_logits, target_logits):
+    if draft_tokens.ndim != 2:
+        raise ValueError(f"draft_tokens must be [B, gamma], got shape {draft_tokens.shape}")
+    if draft_tokens.dtype.kind not in "iu":
+        raise TypeError(f"draft_tokens must be an integer array, got {draft_tokens.dtype}")
+    if draft_logits.ndim != 3:
+        raise ValueError(f"draft_logits must be [B, gamma, V], got shape {draft_logits.shape}")
+    if target_logits.ndim != 3:
+        raise ValueError(f"target_logits must be [B, gamma+1, V], got shape {target_logits.shape}")
+    B, G = draft_tokens.shape
+    if draft_logits.shape[:2] != (B, G):
+        raise ValueError(f"draft_logits shape {draft_logits.shape} does not match draft_tokens [B={B}, gamma={G}]")
+    if target_logits.shape[:2] != (B, G + 1):
+        raise ValueError(f"target_logits shape {target_logits.shape} must be [B={B}, gamma+1={G + 1}, V]")
+    if draft_logits.shape[2] != target_logits.shape[2]:
+        raise ValueError(f"vocabulary sizes differ: draft_logits V={draft_logits.shape[2]}, "
+                         f"target_logits V={target_logits.shape[2]}")
+    if target_logits.shape[2] < 1 or B < 1:
+        raise ValueError("B and V must be at least 1")
+    if target_logits.shape[2] >= 2 ** 31 or target_logits.size >= 2 ** 62:
+        raise ValueError("target_logits too large")
+
+
+def _per_request(value, xp, B, arg, dtype):
+    """A scalar stays a Python number; an array must be [B] of module xp."""
+    if isinstance(value, (Real, np.generic)) and not isinstance(value, np.ndarray):
+        return None, value
+    if type(value).__module__.split(".")[0] != xp.__name__:
+        raise TypeError(f"{arg} must be a scalar or a [B] array of the same module as the logits")
+    if value.shape != (B,):
+        raise ValueError(f"{arg} must be a scalar or shape [B={B}], got {value.shape}")
+    return xp.ascontiguousarray(value, dtype=dtype), None
+
+
+def verify(draft_tokens, draft_logits, target_logits, *, method="exact", temperature=1.0, seed=0,
+           offset=0, draft_lengths=None, probs=False, sigmoid_offset=SIGMOID_OFFSET,
+           sigmoid_scale=SIGMOID_SCALE, logits_dtype=None, _race_purpose=PURPOSE_RESIDUAL):
+    """Verify gamma draft tokens per request against the target model.
+
+    Args:
+        draft_tokens: [B, gamma] int32/int64, the draft's proposals.
+        draft_logits: [B, gamma, V] float32/float16/bfloat16, the draft's logits at those positions.
+        target_logits: [B, gamma+1, V], same dtype, the target's logits (one more position).
+        method: "exact" (fused kernel, exact in distribution), "sigmoid" (the paper's element-wise
+            sigmoid in place of softmax; approximate), "baseline" (op-by-op, as Hugging Face
+            assisted generation), "greedy" (accept while the draft is the target's argmax).
+        temperature: scalar or [B] array; divides both models' logits; 0 means greedy.
+        seed, offset: key the Philox random numbers (ints, or one-element int64 CuPy arrays so a
+            captured CUDA graph can be replayed with new values). Use a new offset every step.
+        draft_lengths: None or [B] int array; request b verifies only its first draft_lengths[b]
+            drafts (0..gamma), later positions are ignored.
+        probs: the two arrays already hold probabilities (temperature must be 1).
+        sigmoid_offset, sigmoid_scale: p~ = sigmoid((z - offset) / scale) for method="sigmoid".
+        logits_dtype: "bfloat16" to read uint16 arrays as bfloat16 (CuPy has no bfloat16 dtype).
+
+    Returns:
+        VerifyResult(accepted [B], tokens [B, gamma+1], emitted [B], error [B]), int32 arrays of
+        the input's module. NumPy: raises ValueError on bad values. CuPy: enqueued on the current
+        stream with no host synchronisation; bad requests get error != 0 and tokens -1 (call
+        .check() to raise).
+
+    Example:
+        >>> res = verify(tok, q_logits, p_logits, temperature=0.8, seed=1, offset=step)
+        >>> new_tokens = res.tokens[b, :res.emitted[b]]
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    xp = _module(draft_tokens, draft_logits, target_logits)
+    _check_shapes(draft_tokens, draft_logits, target_logits)
+    dtype_name = _float_dtype_name(target_logits, "target_logits", logits_dtype)
+    if _float_dtype_name(draft_logits, "draft_logits", logits_dtype) != dtype_name:
+        raise TypeError(f"draft_logits ({draft_logits.dtype}) and target_logits ({target_logits.dtype}) "
+                        "must have the same dtype")
+    B, G = draft_tokens.shape
+    temps, temp_scalar = _per_request(temperature, xp, B, "temperature", np.float32)
+    if temps is None and not (np.isfinite(temp_scalar) and temp_scalar >= 0):
+        raise ValueError(f"temperature must be finite and >= 0, got {temp_scalar}")
+    lengths = None
+    if draft_lengths is not None:
+        lengths, scalar = _per_request(draft_lengths, xp, B, "draft_lengths", np.int32)
+        if lengths is None:
+            raise TypeError("draft_lengths must be a [B] integer array")
+    if probs and (temps is not None or temp_scalar != 1 or method == "sigmoid"):
+        raise ValueError("probs=True needs temperature=1 and a method other than 'sigmoid'")
+    if method == "sigmoid" and temps is None and temp_scalar == 0:
+        raise ValueError("method='sigmoid' needs temperature > 0; use method='greedy'")
+    if method == "baseline" and temps is None and temp_scalar == 0:
+        raise ValueError("method='baseline' needs temperature > 0; use method='greedy'")
+    if not sigmoid_scale > 0:
+        raise ValueError(f"sigmoid_scale must be > 0, got {sigmoid_scale}")
+    for arg, v in (("seed", seed), ("offset", offset)):
+        if not isinstance(v, Integral) and not (xp is not np and isinstance(v, xp.ndarray) and v.size == 1):
+            raise TypeError(f"{arg} must be an int (or a one-element int64 CuPy array)")
+    if method == "greedy":
+        temps, temp_scalar = None, 0.0
+    mode = "probs" if probs else ("sigmoid" if method == "sigmoid" else "logits")
+
+    draft_tokens = xp.ascontiguousarray(draft_tokens)
+    if draft_tokens.dtype.name not in ("int32", "int64"):
+        draft_tokens = draft_tokens.astype(xp.int64)
+    draft_logits = xp.ascontiguousarray(draft_logits)
+    target_logits = xp.ascontiguousarray(target_logits)
+    if xp is np:
+        return _verify_cpu(draft_tokens, draft_logits, target_logits, lengths, temps, temp_scalar,
+                           dtype_name, method, mode, seed, offset, sigmoid_offset, sigmoid_scale, _race_purpose)
+    return _verify_gpu(draft_tokens, draft_logits, target_logits, lengths, temps, temp_scalar,
+                       dtype_name, method, mode, seed, offset, sigmoid_offset, sigmoid_scale, _race_purpose)
+
+
+def _as_float(a, dtype_name):
+    if dtype_name == "bfloat16" and a.dtype.name == "uint16":
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32) if dtype_name == "bfloat16" else a
+
+
+def _verify_cpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_name, method, mode,
+                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose):
+    from specsample_cupy.reference import reference_verify, value_errors
+    B, G = draft_tokens.shape
+    draft, target = _as_float(draft, dtype_name), _as_float(target, dtype_name)
+    lengths = np.full(B, G, np.int64) if lengths is None else lengths.astype(np.int64)
+    temps = np.full(B, temp_scalar, np.float64) if temps is None else temps.astype(np.float64)
+    if method == "baseline":
+        from specsample_cupy.baseline import baseline_verify
+        err, _, _ = value_errors(draft_tokens, draft, target, lengths, temps, probs=mode == "probs")
+        errors.raise_if_any(err | np.where(temps == 0, errors.TEMPERATURE, 0))
+        accepted, tokens, emitted = baseline_verify(draft_tokens, draft, target, lengths, temps,
+                                                    probs=mode == "probs", seed=seed)
+        return VerifyResult(accepted, tokens, emitted, err)
+    accepted, tokens, emitted, err = reference_verify(
+        draft_tokens, draft, target, lengths, temps, mode=mode, seed=int(seed), offset=int(offset),
+        race_purpose=race_purpose, sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale)
+    errors.raise_if_any(err)
+    return VerifyResult(accepted, tokens, emitted, err)
+
+
+def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_name, method, mode,
+                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose):
+    import cupy
+    B, G = draft_tokens.shape
+    if method == "baseline":
+        from specsample_cupy.baseline import baseline_verify
+        lengths = cupy.full(B, G, cupy.int32) if lengths is None else lengths
+        temps = cupy.full(B, temp_scalar, cupy.float32) if temps is None else temps
+        if dtype_name == "bfloat16":
+            draft, target = (_bf16_to_f32(a) for a in (draft, target))
+        accepted, tokens, emitted = baseline_verify(draft_tokens, draft, target, lengths, temps,
+                                                    probs=mode == "probs", seed=int(seed), xp=cupy)
+        return VerifyResult(accepted, tokens, emitted, cupy.zeros(B, cupy.int32))
+    from specsample_cupy import kernels
+    kmode = {"logits": kernels.MODE_LOGITS, "probs": kernels.MODE_PROBS, "sigmoid": kernels.MODE_SIGMOID}[mode]
+    out = kernels.launch(draft_tokens, draft, target, dtype_name=dtype_name, lengths=lengths, temps=temps,
+                         temp_scalar=temp_scalar, seed=seed, offset=offset, mode=kmode,
+                         sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale, race_purpose=race_purpose)
+    return VerifyResult(out[:B], out[3 * B:].reshape(B, G + 1), out[B:2 * B], out[2 * B:3 * B])
+
+
+def _bf16_to_f32(a):
+    import cupy
+    return (a.astype(cupy.uint32) << 16).view(cupy.float32)
