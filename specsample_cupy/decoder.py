@@ -1,0 +1,360 @@
+"""Speculative decoding with a target/draft pair of ONNX decoders.
+
+Each round: the draft proposes gamma tokens one at a time, the target scores all gamma+1 positions in
+one run, verify() accepts a prefix of the drafts and picks the next token, and both KV caches roll back
+to what they have seen of the accepted sequence. On the GPU the logits stay on the device; the only
+device-to-host read of a round is verify()'s few integers per request.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specsample_cupy import errors
+from specsample_cupy.sampling import sample_tokens
+from specsample_cupy.sessions import DecoderSession, ModelSpec, array_module, check_pair, cuda_available
+from specsample_cupy.verify import verify
+
+METHODS = ("exact", "sigmoid", "baseline", "greedy", "target")
+
+
+def default_model_dir(role: str) -> Path:
+    """The embedded pair, models/stdlib-code/{target,draft}, next to the installed models package."""
+    import models
+    return Path(models.__file__).resolve().parent / "stdlib-code" / role
+
+
+def _pick_device(device: str | None) -> str:
+    if device is None:
+        if cuda_available():
+            return "cuda"
+        warnings.warn("no CUDA device usable by CuPy and onnxruntime-gpu; decoding on the CPU", RuntimeWarning,
+                      stacklevel=3)
+        return "cpu"
+    if device == "cuda" and not cuda_available():
+        raise RuntimeError("device='cuda' needs CuPy, a CUDA device and onnxruntime-gpu's CUDAExecutionProvider")
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    return device
+
+
+def _to_host(array) -> np.ndarray:
+    """Copy a small device array to the host; the decode loop calls this once per round."""
+    return array.get() if hasattr(array, "get") else np.asarray(array)
+
+
+@dataclass
+class GenerationOutput:
+    texts: list[str]               # generated text per prompt (special tokens skipped)
+    token_ids: list[list[int]]     # generated ids per prompt, EOS included when one was produced
+    stats: dict = field(default_factory=dict)
+
+
+class _Requests:
+    """Host-side state of a batch: each row's sequence (prompt then generated tokens, left-aligned),
+    its token budget, and whether it has finished (EOS or budget)."""
+
+    def __init__(self, prompt_ids: list[list[int]], budgets: np.ndarray, pad_id: int, eos_ids, extra: int):
+        self.batch = len(prompt_ids)
+        self.prompt_len = np.array([len(p) for p in prompt_ids], np.int64)
+        self.seq = np.full((self.batch, int((self.prompt_len + budgets).max()) + extra), pad_id, np.int64)
+        for b, ids in enumerate(prompt_ids):
+            self.seq[b, :len(ids)] = ids
+        self.seq_len = self.prompt_len.copy()
+        self.budget = budgets.astype(np.int64)
+        self.finished = self.budget <= 0
+        self.pad_id, self.eos_ids = pad_id, np.array(sorted(eos_ids), np.int64)
+
+    @property
+    def remaining(self) -> np.ndarray:
+        return self.budget - (self.seq_len - self.prompt_len)
+
+    def last_tokens(self) -> np.ndarray:
+        return self.seq[np.arange(self.batch), self.seq_len - 1]
+
+    def columns(self, n_cached: np.ndarray, upto: np.ndarray, rows: np.ndarray):
+        """Input columns that feed row b its tokens seq[b, n_cached[b]:upto[b]] (rows where `rows` is set),
+        right-aligned like left padding; other slots are holes. Returns host (ids, mask, positions) [B, S]."""
+        need = np.where(rows, upto - n_cached, 0)
+        steps = max(int(need.max(initial=0)), 1)
+        src = upto[:, None] - steps + np.arange(steps)[None, :]   # index in the sequence of each column
+        mask = rows[:, None] & (src >= n_cached[:, None])
+        src = np.clip(src, 0, None)
+        ids = np.where(mask, self.seq[np.arange(self.batch)[:, None], src], self.pad_id)
+        return ids, mask, src
+
+    def append(self, tokens: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """Append the first counts[b] of tokens[b] to unfinished rows, stopping after an EOS or at the budget.
+        Returns how many tokens each row took."""
+        k = np.arange(tokens.shape[1])[None, :]
+        valid = (k < np.where(self.finished, 0, counts)[:, None])
+        is_eos = valid & np.isin(tokens, self.eos_ids)
+        upto_eos = np.where(is_eos.any(axis=1), is_eos.argmax(axis=1) + 1, valid.sum(axis=1))
+        n_new = np.minimum(upto_eos, self.remaining)
+        take = k < n_new[:, None]
+        rows, cols = np.nonzero(take)
+        self.seq[rows, self.seq_len[rows] + cols] = tokens[rows, cols]
+        self.seq_len += n_new
+        self.finished |= (is_eos & take).any(axis=1) | (self.remaining <= 0)
+        return n_new
+
+    def generated(self, b: int) -> list[int]:
+        return self.seq[b, self.prompt_len[b]:self.seq_len[b]].tolist()
+
+
+class _Clock:
+    """Time spent in model runs and in verify(): CUDA events on the stream (read after the loop, so no
+    extra syncs), perf_counter on the CPU."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._events = {"model": [], "verify": [], "sampling": []}
+        self._seconds = {"model": 0.0, "verify": 0.0, "sampling": 0.0}
+
+    @contextlib.contextmanager
+    def span(self, kind: str):
+        if self.stream is None:
+            start = time.perf_counter()
+            yield
+            self._seconds[kind] += time.perf_counter() - start
+            return
+        import cupy
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(self.stream)
+        yield
+        end.record(self.stream)
+        self._events[kind].append((start, end))
+
+    def seconds(self, kind: str) -> float:
+        if self.stream is not None:
+            import cupy
+            self.stream.synchronize()
+            self._seconds[kind] += sum(cupy.cuda.get_elapsed_time(s, e) for s, e in self._events[kind]) / 1e3
+            self._events[kind].clear()
+        return self._seconds[kind]
+
+
+class SpeculativeDecoder:
+    """Generate text with a target model, speculatively proposed by a smaller draft model.
+
+    Args:
+        target, draft: model directories (optimum decoder-with-past export with config.json and
+            tokenizer.json); default: the embedded pair models/stdlib-code/{target,draft}.
+        device: "cuda" (CuPy + onnxruntime-gpu; logits and caches stay on the GPU) or "cpu" (NumPy);
+            default "cuda" when usable, else "cpu" with a RuntimeWarning.
+        kv_slack: rolled-back cache columns tolerated before the cache is compacted (see KVCache).
+        prefill_chunk: prompt tokens per model run while prefilling (bounds the prefill's logits buffer).
+
+    Raises ValueError when the pair is incompatible (vocabulary or tokenizer differ) or a model is not a
+    decoder-with-past export.
+
+    Example:
+        >>> dec = SpeculativeDecoder("out/target", "out/draft", device="cpu")
+        >>> out = dec.generate(["def add(a, b):"], max_new_tokens=32, gamma=4, temperature=0)
+        >>> out.texts[0], out.stats["acceptance_rate"]
+    """
+
+    def __init__(self, target=None, draft=None, device: str | None = None, *, kv_slack: int = 32,
+                 prefill_chunk: int = 256, device_id: int = 0):
+        self.target_spec = ModelSpec.from_dir(target if target is not None else default_model_dir("target"))
+        self.draft_spec = ModelSpec.from_dir(draft if draft is not None else default_model_dir("draft"))
+        check_pair(self.target_spec, self.draft_spec)
+        self.device = _pick_device(device)
+        self.xp = array_module(self.device)
+        self.stream = None
+        if self.device == "cuda":
+            import cupy
+            cupy.cuda.Device(device_id).use()
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.target = DecoderSession(self.target_spec, self.device, self.stream, device_id)
+        self.draft = DecoderSession(self.draft_spec, self.device, self.stream, device_id)
+        self.tokenizer = self.target_spec.tokenizer
+        contexts = [c for c in (self.target_spec.context_length, self.draft_spec.context_length) if c]
+        self.context_length = min(contexts) if contexts else None
+        self.kv_slack, self.prefill_chunk = kv_slack, prefill_chunk
+
+    def _on_stream(self):
+        return self.stream if self.stream is not None else contextlib.nullcontext()
+
+    def encode_prompts(self, prompts) -> list[list[int]]:
+        prompt_ids = [self.target_spec.encode(p) for p in prompts]
+        for i, ids in enumerate(prompt_ids):
+            if self.context_length and len(ids) >= self.context_length:
+                raise ValueError(f"prompt {i} has {len(ids)} tokens; the models' context holds "
+                                 f"{self.context_length}, leaving no room to generate")
+        return prompt_ids
+
+    def generate(self, prompts, max_new_tokens: int = 64, gamma: int = 5, method: str = "exact",
+                 temperature: float = 1.0, seed: int = 0, adaptive_gamma: bool = False, gamma_min: int = 1,
+                 gamma_max: int = 16, on_tokens=None) -> GenerationOutput:
+        """Continue each prompt by up to max_new_tokens tokens (fewer after an EOS).
+
+        Args:
+            prompts: a string or a list of B strings (any lengths; batched with left padding).
+            gamma: draft tokens proposed per round; 0 (or method="target") decodes with the target alone.
+            method: "exact", "sigmoid", "baseline" or "greedy" (see verify()), or "target".
+            temperature: sampling temperature of both models; 0 is greedy.
+            seed: keys the random numbers; the same seed gives the same tokens on CPU and GPU (up to
+                float near-ties).
+            adaptive_gamma: after each round gamma += 2 if every request accepted all its drafts, else
+                gamma -= 1, clipped to [gamma_min, gamma_max] (Hugging Face's heuristic).
+            on_tokens: optional callback(request_index, new_ids) called as tokens are accepted.
+
+        Returns GenerationOutput(texts, token_ids, stats); stats holds rounds, proposed, accepted,
+        acceptance_rate (accepted / proposed drafts), mean_accepted_per_round (per request),
+        generated_tokens, tokens_per_s, verify_time_per_round_s, model_time_s (draft and target runs),
+        wall_s, host_overhead_per_round_s (wall time outside model runs and verify, per round) and
+        sampling_time_s (the draft's and target-only sampling, part of that overhead).
+        """
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if not (np.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+        if method in ("sigmoid", "baseline") and temperature == 0:
+            raise ValueError(f"method={method!r} needs temperature > 0; use method='greedy'")
+        if max_new_tokens < 0 or gamma < 0:
+            raise ValueError("max_new_tokens and gamma must be >= 0")
+        if adaptive_gamma and not 1 <= gamma_min <= gamma_max:
+            raise ValueError(f"need 1 <= gamma_min <= gamma_max, got {gamma_min}, {gamma_max}")
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if not prompts:
+            raise ValueError("no prompts given")
+
+        wall_start = time.perf_counter()
+        initial_gamma = gamma
+        speculative = method != "target" and gamma > 0
+        if speculative and adaptive_gamma:
+            gamma = int(np.clip(gamma, gamma_min, gamma_max))
+        gamma_cap = max(gamma, gamma_max) if (speculative and adaptive_gamma) else gamma
+        temperature = 0.0 if method == "greedy" else float(temperature)
+        prompt_ids = self.encode_prompts(prompts)
+        budgets = np.array([min(max_new_tokens, (self.context_length or 1 << 62) - len(p)) for p in prompt_ids])
+        req = _Requests(prompt_ids, budgets, self.target_spec.pad_token_id, self.target_spec.eos_token_ids,
+                        extra=gamma_cap + 2)
+        capacity = req.seq.shape[1] + gamma_cap + 2 + self.kv_slack
+        clock = _Clock(self.stream)
+        offsets = itertools.count()   # a fresh Philox offset for every sampling call of this generation
+        totals = {"rounds": 0, "proposed": 0, "accepted": 0, "request_rounds": 0}
+
+        with self._on_stream():
+            target_cache = self.target.new_cache(req.batch, capacity, self.kv_slack)
+            self._prefill(self.target, target_cache, req, clock)
+            if speculative:
+                draft_cache = self.draft.new_cache(req.batch, capacity, self.kv_slack)
+                self._prefill(self.draft, draft_cache, req, clock)
+                draft_tokens_buf = self.xp.zeros(req.batch * gamma_cap, np.int32)
+                draft_logits_buf = self.xp.zeros(req.batch * gamma_cap * self.target.vocab_size,
+                                                 self.target.logits_dtype)
+            while not req.finished.all():
+                active = ~req.finished
+                if speculative:
+                    draft_len, accepted, n_new = self._speculative_round(
+                        req, target_cache, draft_cache, draft_tokens_buf, draft_logits_buf, gamma, method,
+                        temperature, seed, offsets, clock)
+                    totals["proposed"] += int(draft_len.sum())
+                    totals["accepted"] += int(accepted[active].sum())
+                    if adaptive_gamma and (draft_len > 0).any():
+                        all_accepted = (accepted[draft_len > 0] == draft_len[draft_len > 0]).all()
+                        gamma = int(np.clip(gamma + 2 if all_accepted else gamma - 1, gamma_min, gamma_max))
+                else:
+                    n_new = self._target_step(req, target_cache, temperature, seed, offsets, clock)
+                totals["rounds"] += 1
+                totals["request_rounds"] += int(active.sum())
+                if on_tokens is not None:
+                    for b in np.flatnonzero(n_new):
+                        on_tokens(int(b), req.seq[b, req.seq_len[b] - n_new[b]:req.seq_len[b]].tolist())
+            model_s, verify_s, sampling_s = (clock.seconds(k) for k in ("model", "verify", "sampling"))
+
+        token_ids = [req.generated(b) for b in range(req.batch)]
+        texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in token_ids]
+        wall_s = time.perf_counter() - wall_start
+        rounds = max(totals["rounds"], 1)
+        generated = sum(len(t) for t in token_ids)
+        stats = {
+            "method": method if speculative else "target", "device": self.device, "batch": req.batch,
+            "gamma": initial_gamma if speculative else 0, "final_gamma": gamma if speculative else 0,
+            "rounds": totals["rounds"],
+            "proposed": totals["proposed"], "accepted": totals["accepted"],
+            "acceptance_rate": totals["accepted"] / totals["proposed"] if totals["proposed"] else 0.0,
+            "mean_accepted_per_round": totals["accepted"] / max(totals["request_rounds"], 1),
+            "generated_tokens": generated, "tokens_per_s": generated / wall_s if wall_s > 0 else 0.0,
+            "verify_time_per_round_s": verify_s / rounds, "model_time_s": model_s, "wall_s": wall_s,
+            "host_overhead_per_round_s": max(wall_s - model_s - verify_s, 0.0) / rounds,
+            "sampling_time_s": sampling_s,
+            "kv_compactions": target_cache.compactions + (draft_cache.compactions if speculative else 0),
+        }
+        return GenerationOutput(texts, token_ids, stats)
+
+    def _prefill(self, session: DecoderSession, cache, req: _Requests, clock: _Clock):
+        """Feed each prompt but its last token; every round starts by feeding the last token so far."""
+        while True:
+            upto = np.minimum(req.seq_len - 1, cache.n_real + self.prefill_chunk)
+            ids, mask, positions = req.columns(cache.n_real, upto, rows=upto > cache.n_real)
+            if not mask.any():
+                return
+            with clock.span("model"):
+                session.forward(cache, ids, mask, positions)
+
+    def _speculative_round(self, req, target_cache, draft_cache, draft_tokens_buf, draft_logits_buf, gamma,
+                           method, temperature, seed, offsets, clock):
+        xp, batch = self.xp, req.batch
+        # A request proposes no more drafts than it may still emit beyond the round's corrected token.
+        draft_len = np.where(req.finished, 0, np.minimum(gamma, req.remaining - 1))
+        gamma = int(draft_len.max(initial=0))
+        vocab = self.target.vocab_size
+        draft_tokens = draft_tokens_buf[:batch * gamma].reshape(batch, gamma)
+        draft_logits = draft_logits_buf[:batch * gamma * vocab].reshape(batch, gamma, vocab)
+
+        # 1. The draft proposes gamma tokens, one run each. Its first run catches up on the tokens it has not
+        #    seen: the last emitted one and, after a fully accepted round, the last draft token too.
+        for i in range(gamma):
+            if i == 0:
+                ids, mask, positions = req.columns(draft_cache.n_real, req.seq_len, rows=draft_len > 0)
+            else:
+                ids, mask, positions = draft_tokens[:, i - 1:i], (i < draft_len)[:, None], (req.seq_len + i - 1)[:, None]
+            with clock.span("model"):
+                logits = self.draft.forward(draft_cache, ids, mask, positions)[:, -1]
+            draft_logits[:, i] = logits
+            with clock.span("sampling"):
+                draft_tokens[:, i] = sample_tokens(logits, temperature=temperature, seed=seed, offset=next(offsets))
+
+        # 2. The target scores gamma+1 positions in one run: the last emitted token, then the drafts.
+        ids = xp.empty((batch, gamma + 1), xp.int64)
+        ids[:, 0] = xp.asarray(req.last_tokens())
+        ids[:, 1:] = draft_tokens
+        column = np.arange(gamma + 1)[None, :]
+        mask = (column <= draft_len[:, None]) & ~req.finished[:, None]
+        with clock.span("model"):
+            target_logits = self.target.forward(target_cache, ids, mask, req.seq_len[:, None] - 1 + column)
+
+        # 3. Verify: accept a prefix of each request's drafts, then sample the corrected (or bonus) token.
+        with clock.span("verify"):
+            res = verify(draft_tokens, draft_logits, target_logits, method=method, temperature=temperature,
+                         seed=seed, offset=next(offsets), draft_lengths=xp.asarray(draft_len.astype(np.int32)))
+            packed = xp.concatenate([res.emitted[:, None], res.error[:, None], res.tokens], axis=1)
+        result = _to_host(packed)   # the round's one device-to-host read
+        errors.raise_if_any(result[:, 1])
+        emitted, tokens = result[:, 0], result[:, 2:]
+
+        # 4. Append the accepted tokens; roll both caches back to what they have seen of the new sequences.
+        n_new = req.append(tokens, emitted)
+        target_cache.rollback(req.seq_len - 1)
+        draft_cache.rollback(req.seq_len - 1)
+        return draft_len, emitted - 1, n_new
+
+    def _target_step(self, req, target_cache, temperature, seed, offsets, clock):
+        """Target-only decoding (the reference): one run, one sampled token per request."""
+        ids, mask, positions = req.columns(target_cache.n_real, req.seq_len, rows=~req.finished)
+        with clock.span("model"):
+            logits = self.target.forward(target_cache, ids, mask, positions)[:, -1]
+        with clock.span("sampling"):
+            tokens = sample_tokens(logits, temperature=temperature, seed=seed, offset=next(offsets))
+        n_new = req.append(_to_host(tokens)[:, None], np.ones(req.batch, np.int64))
+        target_cache.rollback(req.seq_len - 1)   # drops nothing; lets finished rows' holes be compacted away
+        return n_new
