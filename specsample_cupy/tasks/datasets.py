@@ -79,7 +79,7 @@ def _load_librispeech_dir(root: Path):
     if not transcripts:
         raise DataError(f"no *.trans.txt transcripts under {root} "
                         "(expected LibriSpeech layout: '<utt-id> TEXT' lines, audio beside them)")
-    items, skipped, seen_audio = [], [], set()
+    items, skipped, listed = [], [], set()   # listed: (folder, utt-id) named by a transcript line
     for trans in transcripts:
         try:
             lines = trans.read_text(encoding="utf-8").splitlines()
@@ -91,6 +91,7 @@ def _load_librispeech_dir(root: Path):
                 continue
             where = f"{trans}:{lineno}"
             parts = line.strip().split(maxsplit=1)
+            listed.add((trans.parent, parts[0]))
             if len(parts) < 2:
                 skipped.append(Skipped(parts[0], where,
                                        "missing transcript text (expected '<utt-id> TEXT')"))
@@ -101,11 +102,10 @@ def _load_librispeech_dir(root: Path):
                 skipped.append(Skipped(utt_id, where, f"no audio file {utt_id}"
                                        f"{{{','.join(AUDIO_EXTENSIONS)}}} in {trans.parent}"))
                 continue
-            seen_audio.add(audio.resolve())
             items.append(AsrItem(utt_id, audio, text, where))
     for folder in sorted({t.parent for t in transcripts}):
         for audio in sorted(folder.iterdir()):
-            if audio.suffix.lower() in AUDIO_EXTENSIONS and audio.resolve() not in seen_audio:
+            if audio.suffix.lower() in AUDIO_EXTENSIONS and (folder, audio.stem) not in listed:
                 skipped.append(Skipped(audio.stem, str(audio), "missing transcript: no line for "
                                        f"this utterance in {folder}/*.trans.txt"))
     return items, skipped
