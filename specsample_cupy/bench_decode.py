@@ -1,0 +1,88 @@
+"""`specsample bench decode`: target-only vs speculative decoding with each verification method."""
+from __future__ import annotations
+
+import itertools
+import json
+
+import click
+
+from specsample_cupy.cli_decode import load_decoder, resolve_device
+
+BENCH_METHODS = ("target", "exact", "sigmoid", "baseline", "greedy")
+# The embedded pair was trained on Python standard-library code.
+DEFAULT_PROMPTS = (
+    "def __init__(self, ",
+    "import os\nimport sys\n\n\ndef main(",
+    "class Parser:\n    \"\"\"",
+    "    for i in range(",
+    "    if not isinstance(",
+    "    return self.",
+    "    with open(path) as f:\n        ",
+    "    except ValueError:\n        ",
+)
+COLUMNS = (
+    ("method", "{}"), ("tokens_per_s", "{:.1f}"), ("speedup", "{:.2f}x"), ("acceptance_rate", "{:.3f}"),
+    ("mean_accepted_per_round", "{:.2f}"), ("verify_time_per_round_s", "{:.2e}"),
+    ("host_overhead_per_round_s", "{:.2e}"), ("model_time_s", "{:.3f}"), ("rounds", "{}"),
+)
+
+
+def results_table(rows: list[dict]) -> str:
+    cells = [[name for name, _ in COLUMNS]] + [[fmt.format(r[name]) for name, fmt in COLUMNS] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
+
+
+def run_bench(decoder, prompts, *, max_new_tokens, gamma, temperature, seed) -> list[dict]:
+    """One generate() per method over the same prompts; speedups relative to target-only decoding."""
+    def run(method, n_tokens):
+        return decoder.generate(prompts, max_new_tokens=n_tokens, gamma=0 if method == "target" else gamma,
+                                method=method, temperature=0.0 if method == "greedy" else temperature, seed=seed)
+
+    for method in BENCH_METHODS:   # warm-up: allocators, kernel compilation, ONNX Runtime's first runs
+        run(method, min(max_new_tokens, 8))
+    rows = []
+    for method in BENCH_METHODS:
+        stats = run(method, max_new_tokens).stats
+        rows.append({"method": method, **{k: stats[k] for k in (
+            "tokens_per_s", "acceptance_rate", "mean_accepted_per_round", "verify_time_per_round_s",
+            "host_overhead_per_round_s", "model_time_s", "sampling_time_s", "wall_s", "rounds",
+            "generated_tokens")}})
+    baseline = rows[0]["tokens_per_s"]
+    for row in rows:
+        row["speedup"] = row["tokens_per_s"] / baseline if baseline else 0.0
+    return rows
+
+
+@click.command("decode")
+@click.option("--target", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Target model directory (default: the embedded stdlib-code target).")
+@click.option("--draft", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Draft model directory (default: the embedded stdlib-code draft).")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
+              help="Default: cuda when usable, else cpu.")
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--gamma", default=5, show_default=True, type=click.IntRange(min=1))
+@click.option("--prompts", "n_prompts", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Batch size: this many prompts, cycled from a built-in list.")
+@click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the results to this JSON file.")
+def bench_decode(target, draft, device, max_new_tokens, gamma, n_prompts, temperature, seed, json_path):
+    """Tokens/s, acceptance, verify time and host overhead: target-only vs each verification method."""
+    device = resolve_device(device)
+    decoder = load_decoder(target, draft, device)
+    prompts = list(itertools.islice(itertools.cycle(DEFAULT_PROMPTS), n_prompts))
+    rows = run_bench(decoder, prompts, max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature,
+                     seed=seed)
+    click.echo(f"device={device} batch={n_prompts} max_new_tokens={max_new_tokens} gamma={gamma} "
+               f"temperature={temperature} (greedy at 0)")
+    click.echo(results_table(rows))
+    if json_path:
+        report = {"device": device, "target": str(decoder.target_spec.model_dir),
+                  "draft": str(decoder.draft_spec.model_dir), "batch": n_prompts, "max_new_tokens": max_new_tokens,
+                  "gamma": gamma, "temperature": temperature, "seed": seed, "results": rows}
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=2)
+        click.echo(f"wrote {json_path}")
