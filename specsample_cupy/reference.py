@@ -29,9 +29,9 @@ def row_weights(x, temps, *, mode, sigmoid_offset, sigmoid_scale):
         return 1.0 / (1.0 + np.exp(-(x - sigmoid_offset) / sigmoid_scale)), np.zeros(x.shape[:2], bool)
     top = x.max(-1, keepdims=True)
     no_mass = ~np.isfinite(top[..., 0])
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"):
         w = np.exp(x - np.where(np.isfinite(top), top, 0.0))
-    return w / w.sum(-1, keepdims=True), no_mass
+        return w / w.sum(-1, keepdims=True), no_mass
 
 
 def value_errors(draft_tokens, draft, target, lengths, temps, *, probs):

@@ -1,0 +1,54 @@
+"""`specsample bench verify | decode`."""
+import json
+
+import click
+
+from specsample_cupy.bench_decode import bench_decode
+
+
+def _ints(text):
+    return [int(x) for x in text.split(",") if x]
+
+
+@click.group()
+def bench():
+    """Benchmarks (need a CUDA device)."""
+
+
+@bench.command("verify")
+@click.option("--methods", default="baseline,exact,sigmoid", show_default=True)
+@click.option("--vocab", default="32000,51864,151936,256000", show_default=True)
+@click.option("--gamma", default="1,3,5,8", show_default=True)
+@click.option("--batch", default="1,8,64", show_default=True)
+@click.option("--dtype", "dtypes", default="float32,float16", show_default=True)
+@click.option("--reps", default=30, show_default=True, help="timed calls per configuration")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write every number here")
+def bench_verify(methods, vocab, gamma, batch, dtypes, reps, json_path):
+    """Device and wall time per verify() call, bandwidth, speed-up over the baseline."""
+    from rich.console import Console
+    from rich.table import Table
+    from tqdm import tqdm
+
+    from specsample_cupy import bench_verify as bv
+    try:
+        import cupy
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no CuPy or no device
+        raise click.ClickException(f"bench verify needs a CUDA device and CuPy ({exc})")
+    result = bv.run(methods.split(","), _ints(vocab), _ints(gamma), _ints(batch), dtypes.split(","),
+                    reps=reps, progress=lambda g: tqdm(g, desc="configs", leave=False))
+    table = Table(title=f"verify() on {result['device']} (copy bandwidth {result['copy_bandwidth_gbps']:.0f} GB/s)")
+    for col in ("dtype", "V", "γ", "B", "method", "device µs", "wall µs", "GB/s", "% copy BW", "× baseline (wall)"):
+        table.add_column(col, justify="right")
+    for r in result["rows"]:
+        table.add_row(r["dtype"], str(r["V"]), str(r["gamma"]), str(r["B"]), r["method"],
+                      f"{r['device_us']:.1f}", f"{r['wall_us']:.1f}", f"{r['gbps']:.0f}",
+                      f"{100 * r['copy_bw_fraction']:.0f}", f"{r.get('wall_speedup_vs_baseline', float('nan')):.1f}")
+    Console(width=160).print(table)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+        click.echo(f"wrote {json_path}")
+
+
+bench.add_command(bench_decode, name="decode")

@@ -1,0 +1,33 @@
+"""Random verification problems shared by the CPU and GPU tests and the benchmark checks."""
+import numpy as np
+
+
+def softmax(x, axis=-1):
+    x = x - x.max(axis, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis, keepdims=True)
+
+
+def sample_rows(probs, rng):
+    """One id per row of probs [..., V] by inverse CDF."""
+    cdf = np.cumsum(probs, -1)
+    u = rng.random(probs.shape[:-1] + (1,)) * cdf[..., -1:]
+    return np.minimum((cdf <= u).sum(-1), probs.shape[-1] - 1)
+
+
+def random_problem(rng, B, G, V, *, temperature=1.0, scale=2.0, closeness=0.7, share=False):
+    """Target logits, correlated draft logits, and draft tokens sampled from the draft.
+
+    closeness in [0, 1] mixes the target into the draft so acceptance is neither 0 nor 1.
+    share=True gives every request the same distributions (for chi-square tests).
+    """
+    shape_b = 1 if share else B
+    target = rng.normal(size=(shape_b, G + 1, V)) * scale
+    draft = closeness * target[:, :G] + (1 - closeness) * rng.normal(size=(shape_b, G, V)) * scale
+    if share:
+        target = np.broadcast_to(target, (B, G + 1, V))
+        draft = np.broadcast_to(draft, (B, G, V))
+    t = np.asarray(temperature, np.float64).reshape(-1, 1, 1) if np.ndim(temperature) else temperature
+    q = softmax(draft / t) if np.all(np.asarray(temperature) > 0) else softmax(draft)
+    tokens = sample_rows(q, rng).astype(np.int64)
+    return tokens, draft.astype(np.float32), target.astype(np.float32)
