@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specsample_cupy.sessions import ModelSpec, array_module
 from specsample_cupy.tasks.datasets import DataError
 from specsample_cupy.tasks.whisper_config import WhisperSpec, load_whisper_spec
 
@@ -27,37 +28,23 @@ _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
                "tensor(int64)": np.int64, "tensor(bool)": np.bool_}
 
 
-def _providers(device: str):
-    if device == "cuda":
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    return ["CPUExecutionProvider"]
-
-
 class OrtRunner:
-    """One InferenceSession; feeds/returns NumPy on the CPU, CuPy (IO binding) on the GPU."""
+    """One InferenceSession; feeds/returns NumPy on the CPU, CuPy (IO binding) on the GPU.
 
-    def __init__(self, path: Path, device: str, threads: int = 0):
-        import onnxruntime as ort
+    Sessions are created by sessions.py's helper, so on the GPU they run on
+    the decoder's CUDA stream, like the decoder-only sessions.
+    """
+
+    def __init__(self, path: Path, device: str, stream=None, device_id: int = 0):
+        from specsample_cupy.sessions import _inference_session
 
         if not path.is_file():
             raise DataError(f"missing ONNX file {path}")
-        opts = ort.SessionOptions()
-        if threads:
-            opts.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(path), sess_options=opts,
-                                            providers=_providers(device))
-        if device == "cuda" and "CUDAExecutionProvider" not in self.session.get_providers():
-            raise RuntimeError(f"{path}: ONNX Runtime has no CUDAExecutionProvider here "
-                               "(install onnxruntime-gpu, or use --device cpu)")
-        self.device = device
+        self.session = _inference_session(path, device, stream, device_id)
+        self.device, self.device_id = device, device_id
         self.inputs = {i.name: i for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
-        if device == "cuda":
-            import cupy
-
-            self.xp = cupy
-        else:
-            self.xp = np
+        self.xp = array_module(device)
 
     def input_dtype(self, name: str):
         return _ORT_DTYPES.get(self.inputs[name].type, np.float32)
@@ -80,11 +67,11 @@ class OrtRunner:
                 continue
             arr = cupy.ascontiguousarray(arr)
             keep.append(arr)
-            io.bind_input(name, "cuda", cupy.cuda.runtime.getDevice(), arr.dtype,
-                          tuple(arr.shape), arr.data.ptr)
+            io.bind_input(name, "cuda", self.device_id, arr.dtype, tuple(arr.shape), arr.data.ptr)
         for name in wanted:
-            io.bind_output(name, "cuda", cupy.cuda.runtime.getDevice())
-        # CuPy kernels that produced the inputs run on CuPy's stream; ORT uses its own.
+            io.bind_output(name, "cuda", self.device_id)
+        # Inputs may come from CuPy work still queued; this run is synchronous (ORT's default),
+        # so its outputs are complete when it returns.
         cupy.cuda.get_current_stream().synchronize()
         self.session.run_with_iobinding(io)
         out = {}
@@ -110,7 +97,7 @@ class WhisperModel:
     """A Whisper export folder: encoder + merged decoder + what its JSON files say."""
 
     def __init__(self, model_dir, *, device: str = "cpu", language: str | None = "en",
-                 task: str = "transcribe", threads: int = 0):
+                 task: str = "transcribe", stream=None, device_id: int = 0):
         from tokenizers import Tokenizer
 
         self.dir = Path(model_dir)
@@ -122,12 +109,12 @@ class WhisperModel:
         self.tokenizer = Tokenizer.from_file(str(tok_path))
         self.spec: WhisperSpec = load_whisper_spec(self.dir, language=language, task=task,
                                                    tokenizer=self.tokenizer)
-        self.encoder = OrtRunner(self.dir / "encoder_model.onnx", device, threads)
+        self.encoder = OrtRunner(self.dir / "encoder_model.onnx", device, stream, device_id)
         merged = self.dir / "decoder_model_merged.onnx"
         if not merged.is_file():
             raise DataError(f"{self.dir} has no decoder_model_merged.onnx: export with "
                             "'--task automatic-speech-recognition-with-past' (merged decoder)")
-        self.decoder = OrtRunner(merged, device, threads)
+        self.decoder = OrtRunner(merged, device, stream, device_id)
         if "use_cache_branch" not in self.decoder.inputs:
             raise DataError(f"{merged} has no use_cache_branch input (not a merged decoder)")
         self.device, self.xp = device, self.decoder.xp
@@ -143,6 +130,11 @@ class WhisperModel:
         self.n_heads, self.head_dim = heads, head_dim
         self.kv_dtype = self.decoder.input_dtype("past_key_values.0.decoder.key")
         self.feature_dtype = self.encoder.input_dtype("input_features")
+        vocab = self.spec.vocab_size or self.tokenizer.get_vocab_size(with_added_tokens=True)
+        # The decoder-only loop's view of the model: special ids, tokenizer, context.
+        self.model_spec = ModelSpec(self.dir, merged, {"vocab_size": vocab}, int(vocab),
+                                    self.spec.max_target_positions, (self.spec.eos_token_id,),
+                                    None, self.spec.eos_token_id, self.tokenizer)
 
     def encode(self, features):
         """features [B, n_mels, 3000] (numpy or cupy) -> encoder hidden states on the device."""
@@ -154,90 +146,125 @@ class WhisperModel:
         return self.tokenizer.decode([int(t) for t in token_ids], skip_special_tokens=True).strip()
 
 
-class WhisperDecoderSession:
-    """Decoder state for one batch of utterances: cross K/V fixed, self K/V rolling.
+class WhisperCache:
+    """Self-attention K/V of one batch plus its fixed cross-attention K/V and encoder output.
 
-    ``forward(ids)`` appends ``ids`` [B, S] and returns logits [B, S, V] float32
-    (suppressed tokens set to -inf, as transformers' Whisper generate does);
-    ``truncate(n)`` keeps the first ``n`` positions of the self-attention cache.
+    Offers what decoder.SpeculativeDecoder's loop uses of sessions_cache.KVCache
+    (``n_real``, ``rollback``, ``compactions``). Rollback really truncates: with
+    no attention mask in the graph, a rejected token cannot be hidden as a hole,
+    so every row must keep the same number of tokens (one utterance per batch).
     """
 
-    def __init__(self, model: WhisperModel, encoder_hidden):
-        self.model, self.xp = model, model.xp
-        self.encoder_hidden = encoder_hidden
-        self.batch = int(encoder_hidden.shape[0])
-        self.self_kv: list | None = None     # [k0, v0, k1, v1, ...] [B, H, length, hd]
+    compactions = 0
+
+    def __init__(self, encoder_hidden, batch: int):
+        self.encoder_hidden, self.batch = encoder_hidden, batch
+        self.self_kv: list | None = None      # [k0, v0, k1, v1, ...], each [B, H, length, hd]
         self.cross_kv: list | None = None
         self.length = 0
-        spec = model.spec
-        self._prompt_len = len(spec.prompt_ids)
-        self._suppress = np.asarray(spec.suppress_tokens, np.int64)
-        self._begin_suppress = np.asarray(spec.begin_suppress_tokens, np.int64)
-        self._cache_position = "cache_position" in model.decoder.inputs
 
     @property
-    def vocab_size(self):
-        return self.model.spec.vocab_size
+    def n_real(self) -> np.ndarray:
+        return np.full(self.batch, self.length, np.int64)
 
-    def _dummy_past(self):
+    def rollback(self, keep) -> None:
+        keep = np.minimum(self.n_real, np.asarray(keep))
+        if (keep != keep[0]).any():
+            raise ValueError("Whisper decoder rows must stay equally long (decode one utterance per batch)")
+        self.truncate(int(keep[0]))
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` self-attention positions; cross K/V are untouched."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} positions to {length}")
+        if length < self.length:
+            self.self_kv = [kv[:, :, :length] for kv in self.self_kv]
+            self.length = length
+
+
+class WhisperDecoderSession:
+    """The merged decoder behind the interface of sessions.DecoderSession, for decoder.py's loop.
+
+    ``set_encoder_output`` gives it the current utterance; ``new_cache`` then
+    starts an empty decoder state for it; ``forward(cache, ids, mask, positions)``
+    appends ``ids`` and returns float32 logits [B, S, V] with Whisper's
+    suppressed tokens at -inf (suppress_tokens everywhere, begin_suppress_tokens
+    at the first generated position), as transformers' generate() does.
+    """
+
+    def __init__(self, model: WhisperModel):
+        self.model, self.xp, self.device = model, model.xp, model.device
+        self.spec = model.model_spec
+        self.vocab_size = model.model_spec.vocab_size
+        self.logits_dtype = np.dtype(np.float32)
+        self._encoder_hidden = None
+        spec = model.spec
+        self._prompt_len = len(spec.prompt_ids)
+        self._suppress = np.asarray([t for t in spec.suppress_tokens if t < self.vocab_size], np.int64)
+        self._begin = np.asarray([t for t in spec.begin_suppress_tokens if t < self.vocab_size], np.int64)
+        self._cache_position = "cache_position" in model.decoder.inputs
+
+    def set_encoder_output(self, hidden) -> None:
+        self._encoder_hidden = hidden
+
+    def new_cache(self, batch: int, capacity: int = 0, slack: int = 0) -> WhisperCache:
+        if self._encoder_hidden is None:
+            raise RuntimeError("set_encoder_output() must be called before decoding")
+        if int(self._encoder_hidden.shape[0]) != batch:
+            raise ValueError(f"encoder output has batch {self._encoder_hidden.shape[0]}, decoding {batch}")
+        return WhisperCache(self._encoder_hidden, batch)
+
+    def _dummy_past(self, batch):
         # optimum feeds length-1 zeros to the no-cache branch, which ignores them.
-        shape = (self.batch, self.model.n_heads, 1, self.model.head_dim)
-        zeros = self.xp.zeros(shape, self.model.kv_dtype)
-        return [zeros] * (4 * self.model.n_layers)
+        m = self.model
+        zeros = self.xp.zeros((batch, m.n_heads, 1, m.head_dim), m.kv_dtype)
+        return [zeros] * 4
 
-    def forward(self, ids):
+    def forward(self, cache: WhisperCache, input_ids, new_mask, positions):
         xp, m = self.xp, self.model
-        ids = xp.asarray(ids, dtype=xp.int64)
-        if ids.ndim == 1:
-            ids = ids[:, None]
-        first = self.self_kv is None
-        if not first and self.length + ids.shape[1] > m.spec.max_target_positions:
-            raise ValueError(f"decoder length {self.length + ids.shape[1]} exceeds "
+        new_mask = np.asarray(new_mask, bool)
+        if not new_mask.all():
+            raise ValueError("Whisper's merged decoder has no attention mask, so every fed column must be "
+                             "a real token of every row (decode one utterance per batch)")
+        ids = xp.ascontiguousarray(xp.asarray(input_ids), dtype=xp.int64)
+        steps = ids.shape[1]
+        if cache.length + steps > m.spec.max_target_positions:
+            raise ValueError(f"decoder length {cache.length + steps} exceeds the model's "
                              f"max_target_positions {m.spec.max_target_positions}")
-        feeds = {"input_ids": ids, "encoder_hidden_states": self.encoder_hidden,
+        first = cache.self_kv is None
+        feeds = {"input_ids": ids, "encoder_hidden_states": cache.encoder_hidden,
                  "use_cache_branch": np.array([not first])}
-        past = self._dummy_past() if first else None
+        dummy = self._dummy_past(cache.batch) if first else None
         for i in range(m.n_layers):
             for j, (part, kind) in enumerate((("decoder", "key"), ("decoder", "value"),
                                               ("encoder", "key"), ("encoder", "value"))):
-                name = f"past_key_values.{i}.{part}.{kind}"
                 if first:
-                    feeds[name] = past[4 * i + j]
+                    value = dummy[j]
                 elif part == "decoder":
-                    feeds[name] = self.self_kv[2 * i + (j % 2)]
+                    value = cache.self_kv[2 * i + j % 2]
                 else:
-                    feeds[name] = self.cross_kv[2 * i + (j % 2)]
+                    value = cache.cross_kv[2 * i + j % 2]
+                feeds[f"past_key_values.{i}.{part}.{kind}"] = value
         if self._cache_position:
-            feeds["cache_position"] = xp.arange(self.length, self.length + ids.shape[1],
-                                                dtype=xp.int64)
+            feeds["cache_position"] = xp.arange(cache.length, cache.length + steps, dtype=xp.int64)
+        # In the cache branch the encoder presents are empty placeholders: not worth binding.
         skip = () if first else tuple(f"present.{i}.encoder.{k}" for i in range(m.n_layers)
                                       for k in ("key", "value"))
         out = m.decoder.run(feeds, skip_outputs=skip)
-        self.self_kv = [out[f"present.{i}.decoder.{k}"] for i in range(m.n_layers)
-                        for k in ("key", "value")]
+        cache.self_kv = [out[f"present.{i}.decoder.{k}"] for i in range(m.n_layers) for k in ("key", "value")]
         if first:
-            self.cross_kv = [out[f"present.{i}.encoder.{k}"] for i in range(m.n_layers)
-                             for k in ("key", "value")]
-        start = self.length
-        self.length += ids.shape[1]
-        return self._suppress_logits(out["logits"].astype(xp.float32, copy=False), start)
+            cache.cross_kv = [out[f"present.{i}.encoder.{k}"] for i in range(m.n_layers)
+                              for k in ("key", "value")]
+        start = cache.length
+        cache.length += steps
+        logits = out["logits"].astype(xp.float32, copy=False)
+        return self._suppress_logits(logits, start)
 
     def _suppress_logits(self, logits, start: int):
-        """-inf for suppress_tokens everywhere, begin_suppress_tokens at the first generated token."""
-        V = logits.shape[-1]
         if self._suppress.size:
-            logits[..., self._suppress[self._suppress < V]] = -np.inf
+            logits[..., self._suppress] = -np.inf
         # Row j predicts position start + j + 1; the first generated token sits at prompt_len.
         row = self._prompt_len - 1 - start
-        if self._begin_suppress.size and 0 <= row < logits.shape[1]:
-            logits[:, row, self._begin_suppress[self._begin_suppress < V]] = -np.inf
+        if self._begin.size and 0 <= row < logits.shape[1]:
+            logits[:, row, self._begin] = -np.inf
         return logits
-
-    def truncate(self, length: int) -> None:
-        """Roll the self-attention cache back to ``length`` positions (cross K/V stay)."""
-        if length > self.length or length < 0:
-            raise ValueError(f"cannot truncate a cache of {self.length} to {length}")
-        if length == self.length:
-            return
-        self.self_kv = [kv[:, :, :length] for kv in self.self_kv]
-        self.length = length
