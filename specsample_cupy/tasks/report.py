@@ -57,6 +57,11 @@ def add_relative_changes(summaries: dict[str, dict], reference: str = "baseline"
             if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b and math.isfinite(b):
                 rel[k] = (a - b) / b
         s[f"relative_to_{reference}"] = rel
+        # Accuracy also as a plain difference: a relative change of a 0 score is undefined.
+        s[f"difference_to_{reference}"] = {
+            k: s[k] - ref[k] for k in ("wer", "rouge1", "rouge2", "rougeL")
+            if isinstance(s.get(k), (int, float)) and isinstance(ref.get(k), (int, float))
+            and math.isfinite(s[k]) and math.isfinite(ref[k])}
 
 
 # --------------------------------------------------------------------------- table
@@ -67,6 +72,14 @@ def _fmt(v, scale=1.0, digits=3, pct=False):
     if pct:
         return f"{v * 100:+.1f}%"
     return f"{v * scale:.{digits}f}"
+
+
+def _acc_label(key):
+    return {"wer": "WER", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L"}[key] + " (points)"
+
+
+def _fmt_points(v):
+    return "-" if v is None or not math.isfinite(v) else f"{v * 100:+.2f}"
 
 
 def render_table(task: str, summaries: dict[str, dict], *, reference: str = "baseline",
@@ -82,10 +95,11 @@ def render_table(task: str, summaries: dict[str, dict], *, reference: str = "bas
         table.add_column({"wer": "WER %", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2",
                           "rougeL": "ROUGE-L"}[key], justify="right")
     for col in ("acc./round", "accept rate", "verify ms/step", "verify total s",
-                "end-to-end s", f"Δ verify/step vs {reference}", f"Δ acc. vs {reference}"):
+                "end-to-end s", f"Δ verify/step vs {reference}", f"Δ {_acc_label(acc[0][0])} vs {reference}"):
         table.add_column(col, justify="right")
     for name, s in summaries.items():
         rel = s.get(f"relative_to_{reference}", {})
+        diff = s.get(f"difference_to_{reference}", {})
         acc_cells = [_fmt(s.get(k), 100 if k == "wer" else 1, 2 if k == "wer" else 4)
                      for k, _ in acc]
         main_key = acc[0][0]
@@ -96,7 +110,7 @@ def render_table(task: str, summaries: dict[str, dict], *, reference: str = "bas
                       _fmt(s.get("verify_time_total_s"), digits=4),
                       _fmt(s.get("end_to_end_s"), digits=2),
                       "" if name == reference else _fmt(rel.get("verify_time_per_step_s"), pct=True),
-                      "" if name == reference else _fmt(rel.get(main_key), pct=True))
+                      "" if name == reference else _fmt_points(diff.get(main_key)))
     if console is None:
         # Pipes and files get a wide fixed width so the table does not wrap.
         console = Console() if sys.stdout.isatty() else Console(width=200, color_system=None)
