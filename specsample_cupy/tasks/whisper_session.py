@@ -103,6 +103,9 @@ class WhisperModel:
         self.dir = Path(model_dir)
         if not self.dir.is_dir():
             raise DataError(f"model folder {self.dir} does not exist")
+        if not (self.dir / "encoder_model.onnx").is_file():
+            raise DataError(f"{self.dir} is not a Whisper export: no encoder_model.onnx (export with "
+                            "optimum-cli --task automatic-speech-recognition-with-past)")
         tok_path = self.dir / "tokenizer.json"
         if not tok_path.is_file():
             raise DataError(f"{self.dir} has no tokenizer.json")

@@ -1,0 +1,206 @@
+"""`specsample eval asr|summarize` end to end on tiny random models (CPU; GPU variants marked)."""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("soundfile")
+
+from models.build_tiny import build_tiny_pair  # noqa: E402
+from models.build_tiny_whisper import build_tiny_whisper_pair  # noqa: E402
+from specsample_cupy.cli_eval import eval_group  # noqa: E402
+
+LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
+SUMMARY_KEYS = {"items", "new_tokens", "rounds", "mean_accepted_per_round", "acceptance_rate",
+                "verify_steps", "verify_time_per_step_s", "verify_time_total_s", "end_to_end_s"}
+ITEM_KEYS = {"id", "token_ids", "new_tokens", "rounds", "draft_lengths", "accepted_per_round",
+             "acceptance_rate", "mean_accepted_per_round", "verify_times_s", "verify_time_total_s",
+             "end_to_end_s", "reference"}
+
+
+def _gpu_ready():
+    try:
+        from specsample_cupy.sessions import cuda_available
+        return cuda_available()
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="module")
+def whisper_pair(tmp_path_factory):
+    return build_tiny_whisper_pair(str(tmp_path_factory.mktemp("whisper")))
+
+
+@pytest.fixture(scope="module")
+def text_pair(tmp_path_factory):
+    return build_tiny_pair(str(tmp_path_factory.mktemp("text")), vocab_size=40)
+
+
+def _write_wav(path, seconds, sr=16000, seed=0):
+    import soundfile as sf
+
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * sr)) / sr
+    sf.write(path, (0.2 * np.sin(2 * np.pi * 220 * t) + 0.02 * rng.standard_normal(t.size)).astype("float32"), sr)
+
+
+def _invoke(args):
+    result = CliRunner().invoke(eval_group, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _check_report(report, methods, accuracy_keys):
+    assert report["methods"] == methods
+    for m in methods:
+        summary = report["summary"][m]
+        assert SUMMARY_KEYS | set(accuracy_keys) <= set(summary)
+        for item in report["items"][m]:
+            assert ITEM_KEYS <= set(item)
+            assert len(item["verify_times_s"]) == len(item["accepted_per_round"]) == len(item["draft_lengths"])
+        if m != "target":
+            assert summary["verify_steps"] > 0 and summary["verify_time_total_s"] > 0
+    if "baseline" in methods:
+        assert set(report["summary"]["exact"]["relative_to_baseline"]) >= {"verify_time_per_step_s"}
+
+
+def _asr_manifest(tmp_path):
+    """Two good utterances (one at 8 kHz stereo, resampled on load) and three bad entries."""
+    import soundfile as sf
+
+    audio = tmp_path / "audio"
+    audio.mkdir()
+    _write_wav(audio / "a.wav", 1.0)
+    _write_wav(audio / "b.flac", 1.5, seed=1)
+    x = np.random.default_rng(2).standard_normal((8000, 2)).astype("float32") * 0.1
+    sf.write(audio / "c8k.wav", x, 8000)
+    (audio / "broken.wav").write_bytes(b"RIFF....WAVEjunk")
+    lines = [{"audio": "audio/a.wav", "text": "Hello there."},
+             {"audio": "audio/broken.wav", "text": "unreadable"},
+             {"audio": "audio/nothere.wav", "text": "missing"},
+             {"audio": "audio/b.flac", "text": "General Kenobi!"},
+             {"audio": "audio/c8k.wav", "text": "stereo eight kilohertz"}]
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text("\n".join(json.dumps(x) for x in lines) + "\n{oops\n")
+    return manifest
+
+
+def _run_asr(whisper_pair, tmp_path, device):
+    manifest = _asr_manifest(tmp_path)
+    methods = ["baseline", "exact", "sigmoid", "target"]
+    out = _invoke(["asr", "--target", whisper_pair[0], "--draft", whisper_pair[1], "--data", str(manifest),
+                   "--methods", ",".join(methods), "--gamma", "3", "--max-new-tokens", "10",
+                   "--device", device, "--json", str(tmp_path / "asr.json"),
+                   "--plot", str(tmp_path / "asr.png"), "--no-progress"])
+    for word in ("WER", "baseline", "exact", "sigmoid", "target", "verify ms/step", "skipped 3 item(s)",
+                 "broken.wav", "nothere.wav", "malformed JSON"):
+        assert word in out
+    report = json.loads((tmp_path / "asr.json").read_text())
+    _check_report(report, methods, ["wer"])
+    assert report["items_evaluated"] == 3 and report["task"] == "asr"
+    assert [i["id"] for i in report["items"]["exact"]] == ["a", "b", "c8k"]
+    assert report["items"]["exact"][1]["reference"] == "General Kenobi!"
+    assert {"hypothesis", "wer", "audio"} <= set(report["items"]["exact"][0])
+    assert len(report["skipped"]) == 3
+    assert (tmp_path / "asr.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return report
+
+
+def test_eval_asr_cpu(whisper_pair, tmp_path):
+    report = _run_asr(whisper_pair, tmp_path, "cpu")
+    assert report["device"] == "cpu"
+
+
+def _run_summarize(text_pair, tmp_path, device):
+    data = tmp_path / "articles.jsonl"
+    data.write_text("\n".join([
+        json.dumps({"article": "The cat sat on the mat. It was sunny.", "summary": "A cat sat."}),
+        json.dumps({"article": "No reference for this one, so the target's output is used."}),
+        "not json at all",
+        json.dumps({"summary": "an orphan summary"}),
+    ]) + "\n")
+    methods = ["baseline", "exact", "sigmoid"]
+    out = _invoke(["summarize", "--target", text_pair[0], "--draft", text_pair[1], "--data", str(data),
+                   "--methods", ",".join(methods), "--max-new-tokens", "12", "--device", device,
+                   "--template", "Article: {article}\\nTL;DR:", "--json", str(tmp_path / "sum.json"),
+                   "--plot", str(tmp_path / "sum.png"), "--no-progress"])
+    assert "ROUGE-1" in out and "skipped 2 item(s)" in out
+    report = json.loads((tmp_path / "sum.json").read_text())
+    _check_report(report, methods, ["rouge1", "rouge2", "rougeL"])
+    assert report["references_from_target_output"] == 1
+    kinds = [i["reference_kind"] for i in report["items"]["exact"]]
+    assert kinds == ["summary", "target_output"]
+    assert all("\n\n" not in i["prediction"] for i in report["items"]["exact"])
+    assert report["template"] == "Article: {article}\\nTL;DR:"
+    return report
+
+
+def test_eval_summarize_cpu(text_pair, tmp_path):
+    _run_summarize(text_pair, tmp_path, "cpu")
+
+
+def test_bad_options_give_clear_errors(text_pair, whisper_pair, tmp_path):
+    data = tmp_path / "a.jsonl"
+    data.write_text(json.dumps({"article": "x"}) + "\n")
+    runner = CliRunner()
+    r = runner.invoke(eval_group, ["summarize", "--target", text_pair[0], "--draft", text_pair[1],
+                                   "--data", str(data), "--methods", "exact,nope"])
+    assert r.exit_code == 2 and "unknown method" in r.output
+    r = runner.invoke(eval_group, ["summarize", "--target", text_pair[0], "--draft", text_pair[1],
+                                   "--data", str(data), "--template", "no placeholder", "--device", "cpu"])
+    assert r.exit_code == 1 and "{article}" in r.output
+    r = runner.invoke(eval_group, ["asr", "--target", whisper_pair[0], "--draft", whisper_pair[1],
+                                   "--data", str(tmp_path), "--device", "cpu"])
+    assert r.exit_code == 1 and "trans.txt" in r.output
+    # A decoder-only pair is not a Whisper export.
+    r = runner.invoke(eval_group, ["asr", "--target", text_pair[0], "--draft", text_pair[1],
+                                   "--data", str(data), "--device", "cpu"])
+    assert r.exit_code == 1 and "encoder_model.onnx" in r.output
+
+
+@pytest.mark.skipif(not LIBRIVOX.is_dir(), reason="apt-get install pocketsphinx-testdata")
+def test_eval_asr_on_librivox_folder(whisper_pair, tmp_path):
+    """Real speech in LibriSpeech layout; one clip re-encoded at 44.1 kHz FLAC to exercise resampling."""
+    import soundfile as sf
+
+    from specsample_cupy.tasks.audio import load_audio, resample
+
+    folder = tmp_path / "lv"
+    folder.mkdir()
+    lines = []
+    for line in (LIBRIVOX / "transcription").read_text().splitlines()[:2]:
+        text, utt = line.rsplit("(", 1)
+        utt = utt.rstrip(")").strip()
+        lines.append(f"{utt} {' '.join(w for w in text.split() if w not in ('<s>', '</s>'))}")
+        shutil.copy(LIBRIVOX / f"{utt}.wav", folder / f"{utt}.wav")
+    first = lines[0].split()[0]
+    x = load_audio(folder / f"{first}.wav")
+    (folder / f"{first}.wav").unlink()
+    sf.write(folder / f"{first}.flac", resample(x, 16000, 44100), 44100)
+    (folder / "lv.trans.txt").write_text("\n".join(lines) + "\n")
+    _invoke(["asr", "--target", whisper_pair[0], "--draft", whisper_pair[1], "--data", str(folder),
+             "--methods", "exact,target", "--max-new-tokens", "8", "--device", "cpu", "--no-warmup",
+             "--json", str(tmp_path / "lv.json"), "--no-progress"])
+    report = json.loads((tmp_path / "lv.json").read_text())
+    assert report["items_evaluated"] == 2 and not report["skipped"]
+    item = report["items"]["exact"][0]
+    assert item["id"] == first and item["audio"].endswith(".flac")
+    assert item["reference"].startswith("and mister john dashwood")
+    assert report["accuracy_per_item"]["exact"][0]["ref_words"] == 22
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_ready(), reason="needs CuPy, a CUDA device and onnxruntime-gpu")
+def test_eval_asr_gpu(whisper_pair, tmp_path):
+    report = _run_asr(whisper_pair, tmp_path, "cuda")
+    assert report["device"] == "cuda"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_ready(), reason="needs CuPy, a CUDA device and onnxruntime-gpu")
+def test_eval_summarize_gpu(text_pair, tmp_path):
+    _run_summarize(text_pair, tmp_path, "cuda")
