@@ -14,6 +14,7 @@ ONNX Runtime's IO binding; on ``device="cpu"`` they are NumPy arrays.
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -67,7 +68,7 @@ class OrtRunner:
                 continue
             arr = cupy.ascontiguousarray(arr)
             keep.append(arr)
-            io.bind_input(name, "cuda", self.device_id, arr.dtype, tuple(arr.shape), arr.data.ptr)
+            io.bind_input(name, "cuda", self.device_id, arr.dtype.type, tuple(arr.shape), arr.data.ptr)
         for name in wanted:
             io.bind_output(name, "cuda", self.device_id)
         # Inputs may come from CuPy work still queued; this run is synchronous (ORT's default),
@@ -129,7 +130,12 @@ class WhisperModel:
         self.n_layers = len(layers)
         heads, head_dim = layers[0][("decoder", "key")].shape[1], layers[0][("decoder", "key")].shape[3]
         if not (isinstance(heads, int) and isinstance(head_dim, int)):
-            raise DataError(f"{merged}: past key/value inputs need static head dims")
+            # Symbolic dims in the graph: fall back to the model's config.
+            cfg = json.loads((self.dir / "config.json").read_text()) if (self.dir / "config.json").is_file() else {}
+            heads = cfg.get("decoder_attention_heads")
+            head_dim = cfg["d_model"] // heads if heads and cfg.get("d_model") else None
+            if not heads or not head_dim:
+                raise DataError(f"{merged}: cannot tell the decoder's head count/size from the graph or config")
         self.n_heads, self.head_dim = heads, head_dim
         self.kv_dtype = self.decoder.input_dtype("past_key_values.0.decoder.key")
         self.feature_dtype = self.encoder.input_dtype("input_features")
@@ -203,8 +209,9 @@ class WhisperDecoderSession:
         self._encoder_hidden = None
         spec = model.spec
         self._prompt_len = len(spec.prompt_ids)
-        self._suppress = np.asarray([t for t in spec.suppress_tokens if t < self.vocab_size], np.int64)
-        self._begin = np.asarray([t for t in spec.begin_suppress_tokens if t < self.vocab_size], np.int64)
+        # Index arrays live with the logits (NumPy or CuPy).
+        self._suppress = self.xp.asarray([t for t in spec.suppress_tokens if t < self.vocab_size], np.int64)
+        self._begin = self.xp.asarray([t for t in spec.begin_suppress_tokens if t < self.vocab_size], np.int64)
         self._cache_position = "cache_position" in model.decoder.inputs
 
     def set_encoder_output(self, hidden) -> None:
