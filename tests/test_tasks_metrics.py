@@ -46,3 +46,14 @@ def test_rouge_known_values():
     # 5 of 6 unigrams shared; bigrams "the cat", "on the", "the mat" of 5
     assert partial["rouge1"] == pytest.approx(5 / 6)
     assert partial["rouge2"] == pytest.approx(3 / 5)
+
+
+def test_task_modules_import_without_torch():
+    """The evaluation code must stay usable where torch is not installed."""
+    import subprocess
+    import sys
+
+    code = ("import sys, cli, specsample_cupy.cli_eval, specsample_cupy.tasks.asr, "
+            "specsample_cupy.tasks.summarize, specsample_cupy.tasks.audio, models.build_tiny_whisper; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
