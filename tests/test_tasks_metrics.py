@@ -56,4 +56,6 @@ def test_task_modules_import_without_torch():
     code = ("import sys, cli, specsample_cupy.cli_eval, specsample_cupy.tasks.asr, "
             "specsample_cupy.tasks.summarize, specsample_cupy.tasks.audio, models.build_tiny_whisper; "
             "assert 'torch' not in sys.modules, 'torch imported'")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    from pathlib import Path
+
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
