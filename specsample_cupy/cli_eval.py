@@ -23,7 +23,7 @@ def _common(func):
         click.option("--gamma", default=5, show_default=True, type=int,
                      help="Draft tokens proposed per verification step."),
         click.option("--limit", default=None, type=click.IntRange(min=1),
-                     help="Evaluate only the first N usable items."),
+                     help="Evaluate at most N usable items (bad ones do not count)."),
         click.option("--temperature", default=1.0, show_default=True, type=float,
                      help="Sampling temperature of both models (method 'greedy' uses 0)."),
         click.option("--seed", default=0, show_default=True, type=int),

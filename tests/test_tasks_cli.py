@@ -143,6 +143,16 @@ def test_eval_summarize_cpu(text_pair, tmp_path):
     _run_summarize(text_pair, tmp_path, "cpu")
 
 
+def test_limit_counts_usable_items(whisper_pair, tmp_path):
+    manifest = _asr_manifest(tmp_path)
+    _invoke(["asr", "--target", whisper_pair[0], "--draft", whisper_pair[1], "--data", str(manifest),
+             "--methods", "exact", "--max-new-tokens", "4", "--limit", "2", "--device", "cpu",
+             "--no-warmup", "--no-progress", "--json", str(tmp_path / "r.json")])
+    report = json.loads((tmp_path / "r.json").read_text())
+    # broken.wav (second line) is skipped and does not use up the limit
+    assert [i["id"] for i in report["items"]["exact"]] == ["a", "b"]
+
+
 def test_bad_options_give_clear_errors(text_pair, whisper_pair, tmp_path):
     data = tmp_path / "a.jsonl"
     data.write_text(json.dumps({"article": "x"}) + "\n")

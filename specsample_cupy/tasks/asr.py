@@ -87,8 +87,6 @@ def run_asr(target, draft, data, settings: RunSettings, *, device=None, limit=No
     """Evaluate every method on the data; print the table; write JSON/plot; return the report."""
     settings.check()
     items, skipped = load_asr_items(data)
-    if limit is not None:
-        items = items[:limit]
     decoder = WhisperSpeculativeDecoder(target, draft, device, language=language, task=task)
     methods = settings.methods
     records = {m: [] for m in methods}
@@ -100,8 +98,11 @@ def run_asr(target, draft, data, settings: RunSettings, *, device=None, limit=No
                                   temperature=settings.temperature_for(method), seed=settings.seed)
 
     warmed = not settings.warmup
-    bar = progress_bar(len(items) * len(methods), settings.progress, "asr")
+    planned = len(items) if limit is None else min(limit, len(items))
+    bar = progress_bar(planned * len(methods), settings.progress, "asr")
     for item in items:
+        if limit is not None and len(records[methods[0]]) >= limit:
+            break                                      # --limit counts usable items only
         try:
             audio = load_audio(item.audio)
         except AudioError as exc:

@@ -46,8 +46,6 @@ def run_summarize(target, draft, data, settings: RunSettings, *, device=None, li
     settings.check()
     render_prompt(template, "")                        # reject a bad template before loading models
     items, skipped = load_summary_items(data)
-    if limit is not None:
-        items = items[:limit]
     decoder = RecordingDecoder(target, draft, device=device)
     methods = settings.methods
     records = {m: [] for m in methods}
@@ -60,9 +58,12 @@ def run_summarize(target, draft, data, settings: RunSettings, *, device=None, li
                                 stop_strings=STOP_STRINGS)
 
     warmed = not settings.warmup
-    need_ref = sum(1 for i in items if i.summary is None and "target" not in methods)
-    bar = progress_bar(len(items) * len(methods) + need_ref, settings.progress, "summarize")
+    planned = items if limit is None else items[:limit]
+    need_ref = sum(1 for i in planned if i.summary is None and "target" not in methods)
+    bar = progress_bar(len(planned) * len(methods) + need_ref, settings.progress, "summarize")
     for item in items:
+        if limit is not None and len(records[methods[0]]) >= limit:
+            break                                      # --limit counts usable items only
         prompt = render_prompt(template, item.article)
         try:
             decoder.encode_prompts([prompt])
