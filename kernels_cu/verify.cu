@@ -284,8 +284,14 @@ struct Verifier {
   __device__ __forceinline__ void phase2(int b, int s, RaceBest* red, int* sh) const {
     const Request rq = request(b);
     if constexpr (MODE != SS_MODE_SIGMOID) {
-      if (threadIdx.x == 0) {
-        while (*(volatile int*)(req_ctr + b) < R) __nanosleep(64);
+      // Warp 0 spins in lock-step (lane 0 reads, the value is broadcast) so the warp reaches the
+      // barrier converged; a lone spinning lane would let its warp arrive at the barrier split.
+      if (threadIdx.x < 32) {
+        int ready;
+        do {
+          ready = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? *(volatile int*)(req_ctr + b) : 0, 0);
+          if (ready < R) __nanosleep(64);
+        } while (ready < R);
         __threadfence();
       }
       __syncthreads();

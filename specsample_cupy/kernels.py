@@ -6,6 +6,7 @@ verify.cu). Workspace (counters, per-slice statistics, race winners) is prealloc
 (device, stream) and reused; the kernel leaves every counter at zero, so no memset per call.
 """
 import functools
+import os
 import re
 from importlib import resources
 
@@ -50,7 +51,10 @@ def all_name_expressions():
 @functools.lru_cache(maxsize=None)
 def _kernel(device_id, name):
     import cupy
-    module = cupy.RawModule(code=kernel_source(), options=("--std=c++17",), name_expressions=[name])
+    options = ("--std=c++17",)
+    if os.environ.get("SPECSAMPLE_KERNEL_LINEINFO"):
+        options += ("--generate-line-info",)  # source lines in compute-sanitizer reports
+    module = cupy.RawModule(code=kernel_source(), options=options, name_expressions=[name])
     return module.get_function(name)
 
 
