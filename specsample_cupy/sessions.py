@@ -16,6 +16,7 @@ Runtime uses as its compute stream, so a run is ordered with the CuPy work aroun
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -112,6 +113,7 @@ def check_pair(target: ModelSpec, draft: ModelSpec):
                          f"(e.g. token/id pairs {differing} are in only one of them)")
 
 
+@functools.lru_cache(maxsize=None)
 def cuda_available() -> bool:
     """True if CuPy sees a CUDA device and ONNX Runtime has its CUDA execution provider."""
     try:

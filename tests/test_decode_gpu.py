@@ -41,7 +41,7 @@ def test_greedy_speculative_equals_target_only_on_gpu(gpu, cpu, gamma):
     assert cpu.generate(PROMPTS, max_new_tokens=40, method="target", temperature=0).token_ids == expected
 
 
-@pytest.mark.parametrize("method", ["exact", "sigmoid", "target"])
+@pytest.mark.parametrize("method", ["exact", "target"])
 def test_sampling_on_gpu_matches_cpu_for_the_same_seed(gpu, cpu, method):
     """Same Philox numbers on both devices: identical tokens unless a float near-tie flips a choice, after
     which that request's continuation differs. Allow that for a small fraction of requests."""
