@@ -225,10 +225,18 @@ class SpeculativeDecoder:
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompts:
             raise ValueError("no prompts given")
+        speculative = method != "target" and gamma > 0
+        # Without a position_ids input a model numbers tokens by cache column, so the cache may hold no
+        # holes: one request per call (no padding, no ragged acceptance) and compaction after every rollback.
+        sessions = (self.target, self.draft) if speculative else (self.target,)
+        implicit_positions = not all(getattr(s, "has_position_ids", True) for s in sessions)
+        if implicit_positions and len(prompts) > 1:
+            raise ValueError("a model of the pair has no position_ids input, so it cannot decode a batch with "
+                             "padding and ragged acceptance exactly; pass one prompt per call")
+        kv_slack = 0 if implicit_positions else self.kv_slack
 
         wall_start = time.perf_counter()
         initial_gamma = gamma
-        speculative = method != "target" and gamma > 0
         if speculative and adaptive_gamma:
             gamma = int(np.clip(gamma, gamma_min, gamma_max))
         gamma_cap = max(gamma, gamma_max) if (speculative and adaptive_gamma) else gamma
@@ -237,16 +245,16 @@ class SpeculativeDecoder:
         budgets = np.array([min(max_new_tokens, (self.context_length or 1 << 62) - len(p)) for p in prompt_ids])
         req = _Requests(prompt_ids, budgets, self.target_spec.pad_token_id, self.target_spec.eos_token_ids,
                         extra=gamma_cap + 2)
-        capacity = req.seq.shape[1] + gamma_cap + 2 + self.kv_slack
+        capacity = req.seq.shape[1] + gamma_cap + 2 + kv_slack
         clock = _Clock(self.stream)
         offsets = itertools.count()   # a fresh Philox offset for every sampling call of this generation
         totals = {"rounds": 0, "proposed": 0, "accepted": 0, "request_rounds": 0}
 
         with self._on_stream():
-            target_cache = self.target.new_cache(req.batch, capacity, self.kv_slack)
+            target_cache = self.target.new_cache(req.batch, capacity, kv_slack)
             self._prefill(self.target, target_cache, req, clock)
             if speculative:
-                draft_cache = self.draft.new_cache(req.batch, capacity, self.kv_slack)
+                draft_cache = self.draft.new_cache(req.batch, capacity, kv_slack)
                 self._prefill(self.draft, draft_cache, req, clock)
                 draft_tokens_buf = self.xp.zeros(req.batch * gamma_cap, np.int32)
                 draft_logits_buf = self.xp.zeros(req.batch * gamma_cap * self.target.vocab_size,

@@ -190,3 +190,45 @@ def test_float16_models(pair, tmp_path):
     assert decoder.generate(PROMPTS, max_new_tokens=24, gamma=4, method="greedy").token_ids == expected
     out = decoder.generate(PROMPTS, max_new_tokens=24, gamma=4, temperature=1.0, seed=3)
     assert all(len(ids) > 0 for ids in out.token_ids)
+
+
+def _without_position_ids(model):
+    """The decoder numbering new tokens past, past+1, ... by cache column, as older GPT-2 exports do."""
+    graph = model.graph
+    kept = [i for i in graph.input if i.name != "position_ids"]
+    del graph.input[:]
+    graph.input.extend(kept)
+    const = lambda name, v: helper.make_node("Constant", [], [name],  # noqa: E731
+                                             value=helper.make_tensor(name, TensorProto.INT64, [], [v]))
+    nodes = [
+        const("pos_one", 1),
+        helper.make_node("Shape", ["input_ids"], ["pos_ids_shape"]),
+        helper.make_node("Gather", ["pos_ids_shape", "pos_one"], ["pos_seq"], axis=0),
+        helper.make_node("Shape", ["attention_mask"], ["pos_mask_shape"]),
+        helper.make_node("Gather", ["pos_mask_shape", "pos_one"], ["pos_total"], axis=0),
+        helper.make_node("Sub", ["pos_total", "pos_seq"], ["pos_past"]),
+        helper.make_node("Range", ["pos_past", "pos_total", "pos_one"], ["pos_range"]),
+        helper.make_node("Unsqueeze", ["pos_range", "pos_axes"], ["position_ids"]),
+    ]
+    axes = helper.make_tensor("pos_axes", TensorProto.INT64, [1], [0])
+    graph.initializer.append(axes)
+    existing = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes + existing)
+    return model
+
+
+def test_models_without_position_ids_decode_one_request_at_a_time(pair, tmp_path):
+    dirs = [_copy_model_dir(d, tmp_path / role, _without_position_ids(onnx.load(f"{d}/model.onnx")))
+            for d, role in zip(pair, ("target", "draft"))]
+    decoder = SpeculativeDecoder(*dirs, device="cpu")
+    assert not decoder.target.has_position_ids
+    plain = SpeculativeDecoder(*pair, device="cpu")
+    for prompt in PROMPTS:
+        expected = plain.generate(prompt, max_new_tokens=30, method="target", temperature=0).token_ids
+        assert decoder.generate(prompt, max_new_tokens=30, method="target", temperature=0).token_ids == expected
+        assert decoder.generate(prompt, max_new_tokens=30, gamma=4, method="greedy").token_ids == expected
+        sampled = dict(max_new_tokens=30, gamma=3, temperature=1.0, seed=9)
+        assert decoder.generate(prompt, **sampled).token_ids == plain.generate(prompt, **sampled).token_ids
+    with pytest.raises(ValueError, match="position_ids"):
+        decoder.generate(PROMPTS, max_new_tokens=4)
