@@ -143,6 +143,12 @@ struct Verifier {
   __device__ const S* target_row(int b, int i) const { return target + ((long long)b * (G + 1) + i) * V; }
   __device__ const S* draft_row(int b, int i) const { return draft + ((long long)b * G + i) * V; }
 
+  // Invalid values seen by any lane: one atomic per warp, only when it happens. (No block-wide
+  // vote: the barriers that follow order it before this block's counter update.)
+  __device__ __forceinline__ void flag_bad(bool bad, int b, int code) const {
+    if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) atomicOr(err + b, code);
+  }
+
   // ---- P1: statistics of one vocabulary slice of one row -------------------------------------
   __device__ __forceinline__ void scan_slice(const S* row, int lo, int hi, float inv_t, SoftmaxStat& st, bool& bad) const {
     constexpr int STEP = SS_THREADS * VEC;
@@ -201,12 +207,9 @@ struct Verifier {
       bool bad = false;
       const int lo = s * C1, hi = min(V, lo + C1);
       scan_slice(is_target ? target_row(b, i) : draft_row(b, i), lo, hi, rq.inv_t, st, bad);
+      flag_bad(bad, b, is_target ? SS_ERR_TARGET : SS_ERR_DRAFT);
       st = block_reduce(st, CombineStat(), red);
-      const int any_bad = __syncthreads_or(bad);
-      if (threadIdx.x == 0) {
-        store_stat(part + ((long long)(b * R + r) * S1 + s) * 3, st);
-        if (any_bad) atomicOr(err + b, is_target ? SS_ERR_TARGET : SS_ERR_DRAFT);
-      }
+      if (threadIdx.x == 0) store_stat(part + ((long long)(b * R + r) * S1 + s) * 3, st);
     }
     __threadfence();
     __syncthreads();
@@ -335,14 +338,13 @@ struct Verifier {
         }
       }
     }
+    if constexpr (MODE == SS_MODE_SIGMOID) flag_bad(bad, b, SS_ERR_TARGET);
     res = block_reduce(res, BetterRace(), red);
     pb = block_reduce(pb, BetterRace(), red);
-    const int any_bad = __syncthreads_or(bad);
     if (threadIdx.x == 0) {
       int* c = cand + ((long long)b * S2 + s) * 4;
       c[0] = __float_as_int(res.key); c[1] = res.idx;
       c[2] = __float_as_int(pb.key); c[3] = pb.idx;
-      if (any_bad) atomicOr(err + b, SS_ERR_TARGET);
       __threadfence();
       sh[2] = atomicAdd(fin_ctr + b, 1) == S2 - 1;
     }
