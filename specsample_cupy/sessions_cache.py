@@ -60,9 +60,10 @@ class KVCache:
         return self.xp.lib.stride_tricks.as_strided(buf, shape=shape, strides=strides)
 
     def _tensors(self, which: int, length: int):
-        size = self.batch * self.n_heads * length * self.head_dim
-        shape = (self.batch, self.n_heads, length, self.head_dim)
-        return [self._buffers[which][t, :size].reshape(shape) for t in range(self.n_tensors)]
+        """Each cache tensor of buffer `which` as a contiguous [B, H, length, D] view at its row's start
+        (as_strided keeps that address even for an empty past, which reshape may not)."""
+        blocks = self._blocks(which, length)
+        return [blocks[t] for t in range(self.n_tensors)]
 
     def past(self):
         """The cache tensors as the model's past inputs: [B, H, length, D] each."""
