@@ -1,6 +1,6 @@
 """Train the embedded stdlib-code target/draft pair (torch, CPU) and export it.
 
-    python -m models.train            # ~30 min on 2 CPU cores
+    python -m models.train            # 28 min (time-budgeted), CPU
 
 Stages (each is skipped when its result already exists under --work-dir,
 so an interrupted run resumes; --force redoes everything):
@@ -76,11 +76,11 @@ def batches(stream: np.ndarray, batch: int, seq: int, seed: int):
         yield w[:, :-1], w[:, 1:]
 
 
-def lr_at(step: int, steps: int, peak: float, warmup: int = 100) -> float:
+def lr_at(step: int, progress: float, peak: float, warmup: int = 100) -> float:
+    """Linear warmup over ``warmup`` steps, then cosine to 10 % over progress 0..1."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    t = (step - warmup) / max(1, steps - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
 def make_optimizer(model, lr: float):
@@ -91,15 +91,24 @@ def make_optimizer(model, lr: float):
                              lr=lr, betas=(0.9, 0.95))
 
 
-def train(model, data, steps: int, peak_lr: float, *, teacher=None, log_every=100, name=""):
-    """Cross-entropy training, or distillation when ``teacher`` is given."""
+def train(model, data, minutes: float, peak_lr: float, *, max_steps: int = 10**9,
+          teacher=None, log_every=100, name=""):
+    """Cross-entropy training, or distillation when ``teacher`` is given.
+
+    The run lasts ``minutes`` of wall-clock time (or max_steps) and the
+    learning-rate schedule follows elapsed time, not steps: on a shared CPU
+    the step rate varies a lot, and a step-based schedule would either
+    overrun the time budget or end before its learning rate has decayed.
+    """
     opt = make_optimizer(model, peak_lr)
     model.train()
-    t0, V = time.time(), model.config["vocab_size"]
-    for step in range(steps):
+    t0, V, budget = time.time(), model.config["vocab_size"], minutes * 60
+    step, progress = 0, 0.0
+    while progress < 1.0 and step < max_steps:
         x, y = next(data)
+        progress = max((time.time() - t0) / budget, step / max_steps)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, peak_lr)
+            g["lr"] = lr_at(step, progress, peak_lr)
         logits = model(x).view(-1, V)
         ce = F.cross_entropy(logits, y.reshape(-1))
         if teacher is None:
@@ -113,9 +122,12 @@ def train(model, data, steps: int, peak_lr: float, *, teacher=None, log_every=10
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if step % log_every == 0 or step == steps - 1:
-            print(f"[{name}] step {step}/{steps} ce {ce.item():.3f} loss {loss.item():.3f} "
+        if step % log_every == 0:
+            print(f"[{name}] step {step} ce {ce.item():.3f} loss {loss.item():.3f} "
                   f"lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s", flush=True)
+        step += 1
+    print(f"[{name}] done: {step} steps, {step * x.numel():,} tokens, "
+          f"{time.time() - t0:.0f}s", flush=True)
     model.eval()
     return model
 
@@ -155,11 +167,14 @@ def main(argv=None):
     ap.add_argument("--vocab-size", type=int, default=2048)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--target-steps", type=int, default=3800)
-    ap.add_argument("--draft-steps", type=int, default=2800)
+    ap.add_argument("--target-minutes", type=float, default=17.0)
+    ap.add_argument("--draft-minutes", type=float, default=11.0)
+    ap.add_argument("--max-steps", type=int, default=10**9, help="cap per model (smoke runs)")
     ap.add_argument("--target-lr", type=float, default=2e-3)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    # One thread by default: with two, any other busy process on a 2-core
+    # machine stalls every parallel region and a step gets ~4x slower.
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true")
     a = ap.parse_args(argv)
@@ -186,16 +201,16 @@ def main(argv=None):
     d_cfg = model_config(tok, DRAFT, a.seq)
     target = train_or_load(
         os.path.join(a.work_dir, "target.pt"), t_cfg,
-        lambda m: train(m, batches(stream, a.batch, a.seq, a.seed), a.target_steps,
-                        a.target_lr, name="target"), a.force)
+        lambda m: train(m, batches(stream, a.batch, a.seq, a.seed), a.target_minutes,
+                        a.target_lr, max_steps=a.max_steps, name="target"), a.force)
     print(f"target: {target.n_params():,} params, held-out CE {heldout_ce(target, held, a.seq):.3f}",
           flush=True)
     for p in target.parameters():
         p.requires_grad_(False)
     draft = train_or_load(
         os.path.join(a.work_dir, "draft.pt"), d_cfg,
-        lambda m: train(m, batches(stream, a.batch, a.seq, a.seed + 1), a.draft_steps,
-                        a.draft_lr, teacher=target, name="draft"), a.force)
+        lambda m: train(m, batches(stream, a.batch, a.seq, a.seed + 1), a.draft_minutes,
+                        a.draft_lr, max_steps=a.max_steps, teacher=target, name="draft"), a.force)
     print(f"draft: {draft.n_params():,} params, held-out CE {heldout_ce(draft, held, a.seq):.3f}",
           flush=True)
 
