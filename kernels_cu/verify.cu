@@ -211,9 +211,11 @@ struct Verifier {
       st = block_reduce(st, CombineStat(), red);
       if (threadIdx.x == 0) store_stat(part + ((long long)(b * R + r) * S1 + s) * 3, st);
     }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) *flag = atomicAdd(row_ctr + b * R + r, 1) == S1 - 1;
+    // Only thread 0 wrote; its fence publishes the partial before the count that announces it.
+    if (threadIdx.x == 0) {
+      __threadfence();
+      *flag = atomicAdd(row_ctr + b * R + r, 1) == S1 - 1;
+    }
     __syncthreads();
     if (!*flag) return;
     __threadfence();

@@ -1,7 +1,8 @@
 """Benchmark of verify() on the GPU: baseline / exact / sigmoid over vocabulary, gamma, batch, dtype.
 
-Device time: CUDA events around each call (median). Wall time: host clock around each call
-including reading `accepted` back to the host (median). Inputs rotate among enough copies to
+Device time: CUDA events around each call (median), with the calls queued behind a busy kernel
+so the events time GPU work rather than host launch gaps. Wall time: host clock around each
+call including reading `accepted` back to the host (median). Inputs rotate among enough copies to
 exceed twice the L2 cache, so no call reads logits that the previous call left in cache.
 Bandwidth: the bytes the method must read (exact/baseline: every active logit row of both
 models once; sigmoid: the two rows at the emitted position) over the device time, and that as
@@ -52,12 +53,31 @@ def make_inputs(cp, B, G, V, dtype, seed=0):
     return out
 
 
+_SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {}
+}
+"""
+
+
+def hold_device(cp, seconds):
+    """Keep the stream busy so the calls queued behind it run back to back: their events then
+    time the GPU's work, not the host's launch overhead."""
+    kern = cp.RawKernel(_SPIN, "spin")
+    clock_hz = cp.cuda.Device().attributes["ClockRate"] * 1e3
+    kern((1,), (1,), (np.int64(seconds * clock_hz),))
+
+
 def time_method(cp, method, inputs, reps, temperature=1.0):
+    """(median device seconds per call from CUDA events, median wall seconds per call including
+    reading `accepted` to the host)."""
     stream = cp.cuda.get_current_stream()
     for k in range(3):
         verify(*inputs[k % len(inputs)], method=method, temperature=temperature, seed=1, offset=k).accepted.get()
     starts = [cp.cuda.Event() for _ in range(reps)]
     ends = [cp.cuda.Event() for _ in range(reps)]
+    hold_device(cp, 0.002 + reps * 200e-6)
     for k in range(reps):
         starts[k].record(stream)
         verify(*inputs[k % len(inputs)], method=method, temperature=temperature, seed=1, offset=k)

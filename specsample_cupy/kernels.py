@@ -72,30 +72,40 @@ def _resident_blocks(device_id, name):
     return max(per_sm, 1) * sms
 
 
-class _Workspace:
-    """One int32 buffer: [counters (zeroed once) | slice statistics | row statistics | race winners]."""
-
-    def __init__(self):
-        self.buf = None
-        self.counters = 0
-        self.size = 0
-
-    def get(self, counters, data):
-        import cupy
-        if self.buf is None or counters > self.counters or data > self.size - self.counters:
-            self.counters = max(counters, 2 * self.counters)
-            self.size = self.counters + max(data, 2 * (self.size - self.counters))
-            self.buf = cupy.zeros(self.size, dtype=cupy.int32)
-        return self.buf, self.counters
-
-
-_workspaces = {}
-
-
-def _slices(sweeps_per_row, rows, capacity):
-    """Sweeps (THREADS * VEC elements) per item: enough items to fill the grid, at most 8 sweeps."""
-    k = max(1, min(8, (sweeps_per_row * rows) // max(1, 2 * capacity)))
+def _slices(sweeps_per_row, rows, capacity, max_sweeps):
+    """Sweeps (THREADS * VEC elements) per item: enough items to fill the grid twice, then as
+    much work per item as allowed, since every item pays a fence, an atomic and barriers."""
+    k = max(1, min(max_sweeps, (sweeps_per_row * rows) // max(1, 2 * capacity)))
     return 1 << (k.bit_length() - 1)
+
+
+class _Plan:
+    """Everything about a launch that depends only on shapes, dtypes, mode, device and stream:
+    the kernel, the grid, the slicing, and a private workspace whose counters start (and are
+    left by every launch) at zero."""
+
+    def __init__(self, B, G, V, tag, token, vec, mode, device_id):
+        import cupy
+        self.kern = _kernel(device_id, name_expression(tag, token, vec, mode))
+        capacity = _resident_blocks(device_id, name_expression(tag, token, vec, mode))
+        R = 0 if mode == MODE_SIGMOID else 2 * G + 1
+        sweep = THREADS * vec
+        sweeps = -(-V // sweep)
+        max_sweeps = int(os.environ.get("SPECSAMPLE_MAX_SWEEPS", "32"))
+        C1 = sweep * _slices(sweeps, B * R, capacity, max_sweeps)
+        C2 = sweep * _slices(sweeps, B, capacity // 2, max_sweeps)
+        S1, S2 = -(-V // C1), -(-V // C2)
+        counters, part, stat = B * R + 3 * B, B * R * S1 * 3, B * R * 3
+        self.workspace = cupy.zeros(counters + part + stat + B * S2 * 4, dtype=cupy.int32)
+        self.grid = (max(1, min(B * (R * S1 + S2), capacity)),)
+        self.shape_args = tuple(np.int32(v) for v in (B, G, V, S1, C1, S2, C2))
+        self.ws_args = (self.workspace, np.int64(counters), np.int64(counters + part),
+                        np.int64(counters + part + stat))
+        self.out_size = 3 * B + B * (G + 1)
+
+
+_plans = {}
+_NULL = np.uint64(0)
 
 
 def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scalar, seed, offset,
@@ -104,43 +114,28 @@ def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scal
     [accepted B | emitted B | error B | tokens B*(G+1)]."""
     import cupy
     B, G1, V = target.shape
-    G = G1 - 1
     tag = _DTYPE_TAG[dtype_name]
     vec = 16 // _ITEMSIZE[tag]
-    aligned = V % vec == 0 and all(a.data.ptr % 16 == 0 for a in (draft, target) if a.size)
-    if not aligned:
-        vec = 1
-    name = name_expression(tag, _TOKEN_TYPE[draft_tokens.dtype.name], vec, mode)
-    device_id = cupy.cuda.Device().id
-    kern = _kernel(device_id, name)
-    capacity = _resident_blocks(device_id, name)
-
-    R = 0 if mode == MODE_SIGMOID else 2 * G + 1
-    sweep = THREADS * vec
-    sweeps = -(-V // sweep)
-    C1 = sweep * _slices(sweeps, B * R, capacity)
-    C2 = sweep * _slices(sweeps, B, capacity // 2)
-    S1, S2 = -(-V // C1), -(-V // C2)
-
+    if V % vec or target.data.ptr % 16 or (draft.size and draft.data.ptr % 16):
+        vec = 1  # rows not 16-byte aligned: scalar loads
     stream = cupy.cuda.get_current_stream()
-    ws = _workspaces.setdefault((device_id, stream.ptr), _Workspace())
-    part, stat, cand = B * R * S1 * 3, B * R * 3, B * S2 * 4
-    buf, counters = ws.get(B * R + 3 * B, part + stat + cand)
-    out = cupy.empty(3 * B + B * G1, dtype=cupy.int32)
-
-    def ptr(a):
-        return a if a is not None else np.uint64(0)
-
-    seed_val, seed_arr = (np.uint64(0), seed) if isinstance(seed, cupy.ndarray) else (np.uint64(seed), None)
-    off_val, off_arr = (np.uint64(0), offset) if isinstance(offset, cupy.ndarray) else (np.uint64(offset & 0xFFFFFFFFFFFFFFFF), None)
-    items = B * (R * S1 + S2)
-    grid = max(1, min(items, capacity))
-    kern((grid,), (THREADS,), (
-        draft_tokens, draft if draft.size else target, target, ptr(lengths), ptr(temps),
-        np.float32(temp_scalar), seed_val, ptr(seed_arr), off_val, ptr(off_arr),
+    device_id = stream.device_id if hasattr(stream, "device_id") else cupy.cuda.runtime.getDevice()
+    key = (B, G1, V, tag, draft_tokens.dtype.char, vec, mode, device_id, stream.ptr)
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) > 256:
+            _plans.clear()
+        plan = _plans[key] = _Plan(B, G1 - 1, V, tag, _TOKEN_TYPE[draft_tokens.dtype.name], vec, mode, device_id)
+    out = cupy.empty(plan.out_size, dtype=cupy.int32)
+    seed_dev = isinstance(seed, cupy.ndarray)
+    offset_dev = isinstance(offset, cupy.ndarray)
+    plan.kern(plan.grid, (THREADS,), (
+        draft_tokens, draft if draft.size else target, target,
+        _NULL if lengths is None else lengths, _NULL if temps is None else temps, np.float32(temp_scalar),
+        _NULL if seed_dev else np.uint64(seed), seed if seed_dev else _NULL,
+        _NULL if offset_dev else np.uint64(offset & 0xFFFFFFFFFFFFFFFF), offset if offset_dev else _NULL,
         np.float32(sigmoid_offset), np.float32(sigmoid_scale), np.uint32(race_purpose),
-        np.int32(B), np.int32(G), np.int32(V), np.int32(S1), np.int32(C1), np.int32(S2), np.int32(C2),
-        buf, np.int64(counters), np.int64(counters + part), np.int64(counters + part + stat), out))
+        *plan.shape_args, *plan.ws_args, out))
     return out
 
 

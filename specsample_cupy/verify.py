@@ -1,5 +1,4 @@
 """verify(): the verification step of speculative sampling, on CuPy (GPU kernels) or NumPy (CPU reference)."""
-from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -13,7 +12,6 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 SIGMOID_OFFSET, SIGMOID_SCALE = -10000.0, 20000.0
 
 
-@dataclass
 class VerifyResult:
     """Outcome of one verification step, arrays of the input's module (NumPy or CuPy), int32.
 
@@ -21,17 +19,44 @@ class VerifyResult:
     tokens [B, gamma+1]: the accepted drafts, then the resampled or bonus token, then -1 padding.
     emitted [B]: accepted + 1 (0 where error != 0).
     error [B]: 0, or a bit set of specsample_cupy.errors codes; the request's tokens are all -1.
+
+    All four live in one buffer [accepted | emitted | error | tokens]; views are made on first use.
     """
-    accepted: object
-    tokens: object
-    emitted: object
-    error: object
+    __slots__ = ("_out", "_B", "_views")
+
+    def __init__(self, out, B):
+        self._out, self._B, self._views = out, B, {}
+
+    @classmethod
+    def from_arrays(cls, xp, accepted, tokens, emitted, error):
+        B = accepted.shape[0]
+        out = xp.concatenate([accepted.astype(xp.int32), emitted.astype(xp.int32),
+                              error.astype(xp.int32), tokens.astype(xp.int32).ravel()])
+        return cls(out, B)
+
+    def _view(self, name):
+        v = self._views.get(name)
+        if v is None:
+            B = self._B
+            v = {"accepted": lambda: self._out[:B], "emitted": lambda: self._out[B:2 * B],
+                 "error": lambda: self._out[2 * B:3 * B],
+                 "tokens": lambda: self._out[3 * B:].reshape(B, -1)}[name]()
+            self._views[name] = v
+        return v
+
+    accepted = property(lambda self: self._view("accepted"))
+    emitted = property(lambda self: self._view("emitted"))
+    error = property(lambda self: self._view("error"))
+    tokens = property(lambda self: self._view("tokens"))
 
     def check(self):
         """Raise ValueError naming the failed requests (synchronises with the device on CuPy)."""
         err = self.error.get() if hasattr(self.error, "get") else self.error
         errors.raise_if_any(err)
         return self
+
+    def __repr__(self):
+        return f"VerifyResult(accepted={self.accepted!r}, tokens={self.tokens!r}, error={self.error!r})"
 
 
 def _module(*arrays):
@@ -78,7 +103,7 @@ def _check_shapes(draft_tokens, draft_logits, target_logits):
 
 def _per_request(value, xp, B, arg, dtype):
     """A scalar stays a Python number; an array must be [B] of module xp."""
-    if isinstance(value, (Real, np.generic)) and not isinstance(value, np.ndarray):
+    if isinstance(value, (float, int, np.generic, Real)) and not isinstance(value, np.ndarray):
         return None, value
     if type(value).__module__.split(".")[0] != xp.__name__:
         raise TypeError(f"{arg} must be a scalar or a [B] array of the same module as the logits")
@@ -144,17 +169,16 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
     if not sigmoid_scale > 0:
         raise ValueError(f"sigmoid_scale must be > 0, got {sigmoid_scale}")
     for arg, v in (("seed", seed), ("offset", offset)):
-        if not isinstance(v, Integral) and not (xp is not np and isinstance(v, xp.ndarray) and v.size == 1):
+        if not isinstance(v, (int, Integral)) and not (xp is not np and isinstance(v, xp.ndarray) and v.size == 1):
             raise TypeError(f"{arg} must be an int (or a one-element int64 CuPy array)")
     if method == "greedy":
         temps, temp_scalar = None, 0.0
     mode = "probs" if probs else ("sigmoid" if method == "sigmoid" else "logits")
 
-    draft_tokens = xp.ascontiguousarray(draft_tokens)
     if draft_tokens.dtype.name not in ("int32", "int64"):
         draft_tokens = draft_tokens.astype(xp.int64)
-    draft_logits = xp.ascontiguousarray(draft_logits)
-    target_logits = xp.ascontiguousarray(target_logits)
+    draft_tokens, draft_logits, target_logits = (
+        a if a.flags.c_contiguous else xp.ascontiguousarray(a) for a in (draft_tokens, draft_logits, target_logits))
     if xp is np:
         return _verify_cpu(draft_tokens, draft_logits, target_logits, lengths, temps, temp_scalar,
                            dtype_name, method, mode, seed, offset, sigmoid_offset, sigmoid_scale, _race_purpose)
@@ -181,12 +205,12 @@ def _verify_cpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
         errors.raise_if_any(err | np.where(temps == 0, errors.TEMPERATURE, 0))
         accepted, tokens, emitted = baseline_verify(draft_tokens, draft, target, lengths, temps,
                                                     probs=mode == "probs", seed=seed)
-        return VerifyResult(accepted, tokens, emitted, err)
+        return VerifyResult.from_arrays(np, accepted, tokens, emitted, err)
     accepted, tokens, emitted, err = reference_verify(
         draft_tokens, draft, target, lengths, temps, mode=mode, seed=int(seed), offset=int(offset),
         race_purpose=race_purpose, sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale)
     errors.raise_if_any(err)
-    return VerifyResult(accepted, tokens, emitted, err)
+    return VerifyResult.from_arrays(np, accepted, tokens, emitted, err)
 
 
 def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_name, method, mode,
@@ -201,13 +225,13 @@ def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
             draft, target = (_bf16_to_f32(a) for a in (draft, target))
         accepted, tokens, emitted = baseline_verify(draft_tokens, draft, target, lengths, temps,
                                                     probs=mode == "probs", seed=int(seed), xp=cupy)
-        return VerifyResult(accepted, tokens, emitted, cupy.zeros(B, cupy.int32))
+        return VerifyResult.from_arrays(cupy, accepted, tokens, emitted, cupy.zeros(B, cupy.int32))
     from specsample_cupy import kernels
     kmode = {"logits": kernels.MODE_LOGITS, "probs": kernels.MODE_PROBS, "sigmoid": kernels.MODE_SIGMOID}[mode]
     out = kernels.launch(draft_tokens, draft, target, dtype_name=dtype_name, lengths=lengths, temps=temps,
                          temp_scalar=temp_scalar, seed=seed, offset=offset, mode=kmode,
                          sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale, race_purpose=race_purpose)
-    return VerifyResult(out[:B], out[3 * B:].reshape(B, G + 1), out[B:2 * B], out[2 * B:3 * B])
+    return VerifyResult(out, B)
 
 
 def _bf16_to_f32(a):
