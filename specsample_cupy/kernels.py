@@ -119,7 +119,7 @@ def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scal
     if V % vec or target.data.ptr % 16 or (draft.size and draft.data.ptr % 16):
         vec = 1  # rows not 16-byte aligned: scalar loads
     stream = cupy.cuda.get_current_stream()
-    device_id = stream.device_id if hasattr(stream, "device_id") else cupy.cuda.runtime.getDevice()
+    device_id = cupy.cuda.runtime.getDevice()
     key = (B, G1, V, tag, draft_tokens.dtype.char, vec, mode, device_id, stream.ptr)
     plan = _plans.get(key)
     if plan is None:
