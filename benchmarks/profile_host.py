@@ -30,3 +30,5 @@ for k in range(n):
 prof.disable()
 cp.cuda.Device().synchronize()
 pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+from specsample_cupy import kernels
+print("direct driver launch:", all(p.func is not None for p in kernels._plans.values()))

@@ -36,6 +36,12 @@
 
 #define SS_INF __int_as_float(0x7f800000)
 
+__device__ __forceinline__ float ex2_approx(float x) {  // 2^x, ~2 ulp; 0 for -inf
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 struct f32 { typedef float storage; };
 struct f16 { typedef unsigned short storage; };
 struct bf16 { typedef unsigned short storage; };
@@ -112,7 +118,8 @@ struct Request {
 template <class T, class TOK, int VEC, int MODE>
 struct Verifier {
   typedef typename T::storage S;
-  static constexpr int UNROLL = 4;  // 16-byte loads in flight per thread in P1
+  // 16-byte loads in flight per thread in P1 (fewer for 16-bit probabilities: they would spill).
+  static constexpr int LOADS = VEC == 4 ? 8 : (MODE == SS_MODE_PROBS ? 2 : 4);
 
   const TOK* draft_tokens;
   const S* draft;
@@ -150,12 +157,18 @@ struct Verifier {
   }
 
   // ---- P1: statistics of one vocabulary slice of one row -------------------------------------
+  // Per element: one compare for NaN/+Inf, a max, and for sampling rows one FFMA + ex2 + add
+  // (exp(x / T - m) = 2^(x c - m c) with c = log2(e) / T); greedy rows track the first argmax and
+  // skip the exponentials. The running maximum is kept in raw logit units and scaled at the end.
+  template <bool ARGMAX>
   __device__ __forceinline__ void scan_slice(const S* row, int lo, int hi, float inv_t, SoftmaxStat& st, bool& bad) const {
     constexpr int STEP = SS_THREADS * VEC;
-    for (int base = lo + threadIdx.x * VEC; base < hi; base += UNROLL * STEP) {
-      float v[UNROLL][VEC];
+    const float c = inv_t * 1.4426950408889634f;
+    float m = -SS_INF;
+    for (int base = lo + threadIdx.x * VEC; base < hi; base += LOADS * STEP) {
+      float v[LOADS][VEC];
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
+      for (int u = 0; u < LOADS; ++u) {
         if (base + u * STEP < hi) {
           load_vec<T, VEC>(row + base + u * STEP, v[u]);
         } else {
@@ -165,7 +178,7 @@ struct Verifier {
       }
       if constexpr (MODE == SS_MODE_PROBS) {
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
+        for (int u = 0; u < LOADS; ++u)
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
             bad |= !(v[u][e] >= 0.f && v[u][e] < SS_INF);
@@ -175,26 +188,34 @@ struct Verifier {
         float gm = -SS_INF;
         int garg = 0x7fffffff;
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
+        for (int u = 0; u < LOADS; ++u)
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
-            bad |= (v[u][e] != v[u][e]) || (v[u][e] == SS_INF);
-            v[u][e] *= inv_t;
-            if (v[u][e] > gm) { gm = v[u][e]; garg = base + u * STEP + e; }
+            bad |= !(v[u][e] < SS_INF);
+            if constexpr (ARGMAX) {
+              if (v[u][e] > gm) { gm = v[u][e]; garg = base + u * STEP + e; }
+            } else {
+              gm = fmaxf(gm, v[u][e]);
+            }
           }
-        if (gm > st.m) {
-          st.s *= __expf(st.m - gm);
-          st.m = gm;
-          st.arg = garg;
-        }
-        if (st.m != -SS_INF) {
+        if constexpr (ARGMAX) {
+          if (gm > m) { m = gm; st.arg = garg; }
+        } else {
+          if (gm > m) {
+            st.s *= ex2_approx((m - gm) * c);
+            m = gm;
+          }
+          if (m != -SS_INF) {
+            const float mc = m * c;
 #pragma unroll
-          for (int u = 0; u < UNROLL; ++u)
+            for (int u = 0; u < LOADS; ++u)
 #pragma unroll
-            for (int e = 0; e < VEC; ++e) st.s += __expf(v[u][e] - st.m);
+              for (int e = 0; e < VEC; ++e) st.s += ex2_approx(fmaf(v[u][e], c, -mc));
+          }
         }
       }
     }
+    if constexpr (MODE != SS_MODE_PROBS) st.m = m * inv_t;
   }
 
   __device__ __forceinline__ void phase1(int b, int r, int s, SoftmaxStat* red, int* flag) const {
@@ -206,7 +227,9 @@ struct Verifier {
       SoftmaxStat st = {MODE == SS_MODE_PROBS ? 0.f : -SS_INF, 0.f, 0x7fffffff};
       bool bad = false;
       const int lo = s * C1, hi = min(V, lo + C1);
-      scan_slice(is_target ? target_row(b, i) : draft_row(b, i), lo, hi, rq.inv_t, st, bad);
+      const S* row = is_target ? target_row(b, i) : draft_row(b, i);
+      if (rq.greedy) scan_slice<true>(row, lo, hi, rq.inv_t, st, bad);
+      else scan_slice<false>(row, lo, hi, rq.inv_t, st, bad);
       flag_bad(bad, b, is_target ? SS_ERR_TARGET : SS_ERR_DRAFT);
       st = block_reduce(st, CombineStat(), red);
       if (threadIdx.x == 0) store_stat(part + ((long long)(b * R + r) * S1 + s) * 3, st);
@@ -239,8 +262,9 @@ struct Verifier {
   }
 
   // ---- P2: acceptance and the race over one slice of the emitted row -------------------------
-  __device__ __forceinline__ float weight(float v, float inv_t, SoftmaxStat st, float inv_s) const {
-    if constexpr (MODE == SS_MODE_LOGITS) return __expf(v * inv_t - st.m) * inv_s;
+  // c = log2(e) / T, mc = log2(e) * m (m in scaled units), as in scan_slice.
+  __device__ __forceinline__ float weight(float v, float inv_t, float c, float mc, float inv_s) const {
+    if constexpr (MODE == SS_MODE_LOGITS) return ex2_approx(fmaf(v, c, -mc)) * inv_s;
     else if constexpr (MODE == SS_MODE_PROBS) return v * inv_s;
     else return 1.f / (1.f + __expf(-(v * inv_t - sig_offset) * sig_inv_scale));
   }
@@ -318,6 +342,8 @@ struct Verifier {
         if (!bonus) sq = load_stat(stat + (b * R + G + 1 + n) * 3);
       }
       const float inv_sp = 1.f / sp.s, inv_sq = 1.f / sq.s;
+      const float c = rq.inv_t * 1.4426950408889634f;
+      const float mcp = sp.m * 1.4426950408889634f, mcq = sq.m * 1.4426950408889634f;
       const PhiloxStream ps(seed, offset, b, n, race_purpose);
       const int lo = s * C2, hi = min(V, lo + C2);
       for (int base = lo + threadIdx.x * VEC; base < hi; base += SS_THREADS * VEC) {
@@ -331,10 +357,10 @@ struct Verifier {
             bad |= (z[k] != z[k]) || (z[k] == SS_INF);
             if (!bonus) bad |= (y[k] != y[k]) || (y[k] == SS_INF);
           }
-          const float wp = weight(z[k], rq.inv_t, sp, inv_sp);
-          const float wq = bonus ? 0.f : weight(y[k], rq.inv_t, sq, inv_sq);
-          const float kr = wp - wq > 0.f ? (wp - wq) / e[k] : -1.f;
-          const float kp = wp > 0.f ? wp / e[k] : -1.f;
+          const float wp = weight(z[k], rq.inv_t, c, mcp, inv_sp);
+          const float wq = bonus ? 0.f : weight(y[k], rq.inv_t, c, mcq, inv_sq);
+          const float kr = wp - wq > 0.f ? __fdividef(wp - wq, e[k]) : -1.f;
+          const float kp = wp > 0.f ? __fdividef(wp, e[k]) : -1.f;
           if (kr > res.key) { res.key = kr; res.idx = base + k; }
           if (kp > pb.key) { pb.key = kp; pb.idx = base + k; }
         }
@@ -393,7 +419,7 @@ struct Verifier {
 };
 
 template <class T, class TOK, int VEC, int MODE>
-__global__ void __launch_bounds__(SS_THREADS, 2) verify_kernel(
+__global__ void __launch_bounds__(SS_THREADS, MODE == SS_MODE_PROBS ? 3 : 4) verify_kernel(
     const TOK* draft_tokens, const typename T::storage* draft, const typename T::storage* target,
     const int* lengths, const float* temps, float temp_scalar,
     unsigned long long seed, const long long* seed_ptr, unsigned long long offset, const long long* offset_ptr,

@@ -2,9 +2,12 @@
 (dtype, token dtype, vector width, mode), cached for the process (and on disk by CuPy).
 
 The launch is a single persistent grid sized to the device's occupancy (see the header of
-verify.cu). Workspace (counters, per-slice statistics, race winners) is preallocated per
-(device, stream) and reused; the kernel leaves every counter at zero, so no memset per call.
+verify.cu). A plan per (shapes, dtypes, mode, device, stream) holds the grid, the slicing, the
+workspace (counters, per-slice statistics, race winners; the kernel leaves every counter at
+zero, so no memset per call) and a prebuilt parameter block, so the host work per call is a
+handful of pointer writes and one driver launch.
 """
+import ctypes
 import functools
 import os
 import re
@@ -72,40 +75,71 @@ def _resident_blocks(device_id, name):
     return max(per_sm, 1) * sms
 
 
-def _slices(sweeps_per_row, rows, capacity, max_sweeps):
-    """Sweeps (THREADS * VEC elements) per item: enough items to fill the grid twice, then as
-    much work per item as allowed, since every item pays a fence, an atomic and barriers."""
-    k = max(1, min(max_sweeps, (sweeps_per_row * rows) // max(1, 2 * capacity)))
-    return 1 << (k.bit_length() - 1)
+def _sweeps_per_item(total_sweeps, capacity, max_sweeps):
+    """Sweeps (THREADS * VEC elements) per work item: few enough items to fit one wave of the
+    grid when the problem is small (latency: every load in flight at once), as much work per
+    item as allowed when it is large (each item pays a fence, an atomic and a few barriers)."""
+    return max(1, min(max_sweeps, -(-total_sweeps // capacity)))
 
 
 class _Plan:
     """Everything about a launch that depends only on shapes, dtypes, mode, device and stream:
-    the kernel, the grid, the slicing, and a private workspace whose counters start (and are
-    left by every launch) at zero."""
+    the kernel, the grid, the slicing, a private workspace whose counters start (and are left by
+    every launch) at zero, and a prebuilt kernel-parameter block so that a call only rewrites
+    the pointers and scalars that change."""
 
     def __init__(self, B, G, V, tag, token, vec, mode, device_id):
         import cupy
-        self.kern = _kernel(device_id, name_expression(tag, token, vec, mode))
-        capacity = _resident_blocks(device_id, name_expression(tag, token, vec, mode))
+        name = name_expression(tag, token, vec, mode)
+        self.kern = _kernel(device_id, name)
+        capacity = _resident_blocks(device_id, name)
         R = 0 if mode == MODE_SIGMOID else 2 * G + 1
         sweep = THREADS * vec
         sweeps = -(-V // sweep)
-        max_sweeps = int(os.environ.get("SPECSAMPLE_MAX_SWEEPS", "32"))
-        C1 = sweep * _slices(sweeps, B * R, capacity, max_sweeps)
-        C2 = sweep * _slices(sweeps, B, capacity // 2, max_sweeps)
+        max_sweeps = int(os.environ.get("SPECSAMPLE_MAX_SWEEPS", "64"))
+        C1 = sweep * _sweeps_per_item(sweeps * B * R, capacity, max_sweeps)
+        C2 = sweep * _sweeps_per_item(sweeps * B, capacity, max_sweeps)
         S1, S2 = -(-V // C1), -(-V // C2)
         counters, part, stat = B * R + 3 * B, B * R * S1 * 3, B * R * 3
         self.workspace = cupy.zeros(counters + part + stat + B * S2 * 4, dtype=cupy.int32)
-        self.grid = (max(1, min(B * (R * S1 + S2), capacity)),)
-        self.shape_args = tuple(np.int32(v) for v in (B, G, V, S1, C1, S2, C2))
-        self.ws_args = (self.workspace, np.int64(counters), np.int64(counters + part),
-                        np.int64(counters + part + stat))
+        self.grid = max(1, min(B * (R * S1 + S2), capacity))
         self.out_size = 3 * B + B * (G + 1)
+        c = ctypes
+        self.args = [c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_float(),
+                     c.c_uint64(), c.c_void_p(), c.c_uint64(), c.c_void_p(), c.c_float(), c.c_float(),
+                     c.c_uint32(), *(c.c_int32(v) for v in (B, G, V, S1, C1, S2, C2)),
+                     c.c_void_p(self.workspace.data.ptr), c.c_int64(counters), c.c_int64(counters + part),
+                     c.c_int64(counters + part + stat), c.c_void_p()]
+        self.params = (c.c_void_p * len(self.args))(*(c.cast(c.pointer(a), c.c_void_p) for a in self.args))
+        try:
+            self.func = self.kern.kernel.ptr
+            self.launch_kernel = cupy.cuda.driver.launchKernel
+        except AttributeError:
+            self.func = None
+
+    # Types of the 13 leading kernel arguments, for CuPy's own launch path.
+    _HEAD_TYPES = (np.uint64,) * 5 + (np.float32, np.uint64, np.uint64, np.uint64, np.uint64,
+                                      np.float32, np.float32, np.uint32)
+
+    def __call__(self, stream, head, out):
+        """head: the 13 leading kernel arguments (pointers as ints); out: the output array."""
+        if self.func is None:  # no direct driver access in this CuPy: let it pack the arguments
+            tail = [np.int32(a.value) for a in self.args[13:20]] + [self.workspace]
+            tail += [np.int64(a.value) for a in self.args[21:24]]
+            self.kern((self.grid,), (THREADS,), (*(t(v) for t, v in zip(self._HEAD_TYPES, head)), *tail, out))
+            return
+        for slot, v in zip(self.args, head):
+            slot.value = v
+        self.args[-1].value = out.data.ptr
+        self.launch_kernel(self.func, self.grid, 1, 1, THREADS, 1, 1, 0, stream.ptr,
+                           ctypes.addressof(self.params), 0)
 
 
 _plans = {}
-_NULL = np.uint64(0)
+
+
+def _ptr(a):
+    return 0 if a is None else a.data.ptr
 
 
 def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scalar, seed, offset,
@@ -116,26 +150,23 @@ def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scal
     B, G1, V = target.shape
     tag = _DTYPE_TAG[dtype_name]
     vec = 16 // _ITEMSIZE[tag]
-    if V % vec or target.data.ptr % 16 or (draft.size and draft.data.ptr % 16):
+    target_ptr, draft_ptr = target.data.ptr, (draft.data.ptr if draft.size else target.data.ptr)
+    if V % vec or target_ptr % 16 or draft_ptr % 16:
         vec = 1  # rows not 16-byte aligned: scalar loads
     stream = cupy.cuda.get_current_stream()
-    device_id = cupy.cuda.runtime.getDevice()
-    key = (B, G1, V, tag, draft_tokens.dtype.char, vec, mode, device_id, stream.ptr)
+    key = (B, G1, V, tag, draft_tokens.dtype.char, vec, mode, cupy.cuda.runtime.getDevice(), stream.ptr)
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) > 256:
             _plans.clear()
-        plan = _plans[key] = _Plan(B, G1 - 1, V, tag, _TOKEN_TYPE[draft_tokens.dtype.name], vec, mode, device_id)
+        plan = _plans[key] = _Plan(B, G1 - 1, V, tag, _TOKEN_TYPE[draft_tokens.dtype.name], vec, mode, key[7])
     out = cupy.empty(plan.out_size, dtype=cupy.int32)
     seed_dev = isinstance(seed, cupy.ndarray)
     offset_dev = isinstance(offset, cupy.ndarray)
-    plan.kern(plan.grid, (THREADS,), (
-        draft_tokens, draft if draft.size else target, target,
-        _NULL if lengths is None else lengths, _NULL if temps is None else temps, np.float32(temp_scalar),
-        _NULL if seed_dev else np.uint64(seed), seed if seed_dev else _NULL,
-        _NULL if offset_dev else np.uint64(offset & 0xFFFFFFFFFFFFFFFF), offset if offset_dev else _NULL,
-        np.float32(sigmoid_offset), np.float32(sigmoid_scale), np.uint32(race_purpose),
-        *plan.shape_args, *plan.ws_args, out))
+    plan(stream, (draft_tokens.data.ptr, draft_ptr, target_ptr, _ptr(lengths), _ptr(temps), float(temp_scalar),
+                  0 if seed_dev else int(seed) & 0xFFFFFFFFFFFFFFFF, seed.data.ptr if seed_dev else 0,
+                  0 if offset_dev else int(offset) & 0xFFFFFFFFFFFFFFFF, offset.data.ptr if offset_dev else 0,
+                  float(sigmoid_offset), float(sigmoid_scale), int(race_purpose)), out)
     return out
 
 

@@ -69,8 +69,11 @@ def _module(*arrays):
     raise TypeError("draft_tokens, draft_logits and target_logits must all be NumPy arrays or all CuPy arrays")
 
 
+_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", np.dtype(np.uint16): "uint16"}
+
+
 def _float_dtype_name(arr, arg, logits_dtype):
-    name = arr.dtype.name
+    name = _DTYPE_NAMES.get(arr.dtype) or arr.dtype.name  # dtype.name is slow on NumPy 2
     if logits_dtype == "bfloat16" and name == "uint16":
         return "bfloat16"
     if name not in FLOAT_DTYPES:
@@ -175,7 +178,7 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
         temps, temp_scalar = None, 0.0
     mode = "probs" if probs else ("sigmoid" if method == "sigmoid" else "logits")
 
-    if draft_tokens.dtype.name not in ("int32", "int64"):
+    if draft_tokens.dtype.char not in "il":
         draft_tokens = draft_tokens.astype(xp.int64)
     draft_tokens, draft_logits, target_logits = (
         a if a.flags.c_contiguous else xp.ascontiguousarray(a) for a in (draft_tokens, draft_logits, target_logits))
