@@ -9,7 +9,7 @@ from specsample_cupy import kernels
 for B, G, V, dtype in ((1, 5, 151936, "float32"), (64, 5, 151936, "float32"), (64, 5, 151936, "float16")):
     inputs = bv.make_inputs(cp, B, G, V, dtype)
     cells = []
-    for cap in (4, 8, 16, 32, 64):
+    for cap in (8, 16, 32, 64, 128):
         os.environ["SPECSAMPLE_MAX_SWEEPS"] = str(cap)
         kernels._plans.clear()
         dev, wall = bv.time_method(cp, "exact", inputs, 30)
