@@ -163,7 +163,7 @@ def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scal
     out = cupy.empty(plan.out_size, dtype=cupy.int32)
     seed_dev = isinstance(seed, cupy.ndarray)
     offset_dev = isinstance(offset, cupy.ndarray)
-    plan(stream, (draft_tokens.data.ptr, draft_ptr, target_ptr, _ptr(lengths), _ptr(temps), float(temp_scalar),
+    plan(stream, (draft_tokens.data.ptr, draft_ptr, target_ptr, _ptr(lengths), _ptr(temps), float(temp_scalar or 0.0),
                   0 if seed_dev else int(seed) & 0xFFFFFFFFFFFFFFFF, seed.data.ptr if seed_dev else 0,
                   0 if offset_dev else int(offset) & 0xFFFFFFFFFFFFFFFF, offset.data.ptr if offset_dev else 0,
                   float(sigmoid_offset), float(sigmoid_scale), int(race_purpose)), out)
