@@ -269,29 +269,49 @@ struct Verifier {
     else return 1.f / (1.f + __expf(-(v * inv_t - sig_offset) * sig_inv_scale));
   }
 
-  // Is draft token x at position i accepted? u_i q_i(x) <= p_i(x) and p_i(x) > 0.
-  __device__ __forceinline__ bool accepts(int b, int i, int x, const Request& rq) const {
-    const float z = decode<T>(target_row(b, i)[x]) * rq.inv_t;
+  // What the acceptance test of draft position i needs from the inputs alone (no statistics),
+  // so warp 0 can load it while the rows are still being reduced.
+  struct Gathered {
+    int x;
+    float z, y, u;  // temperature-scaled target and draft logit at x, acceptance uniform
+    bool in_range;
+  };
+
+  __device__ __forceinline__ Gathered gather(int b, int i, const Request& rq) const {
+    Gathered g = {0, 0.f, 0.f, 0.f, false};
+    if (i < rq.L) {
+      const long long x = (long long)draft_tokens[(long long)b * G + i];
+      g.in_range = x >= 0 && x < V;
+      if (g.in_range) {
+        g.x = (int)x;
+        g.z = decode<T>(target_row(b, i)[x]) * rq.inv_t;
+        if (!rq.greedy) g.y = decode<T>(draft_row(b, i)[x]) * rq.inv_t;
+        g.u = acceptance_uniform(PhiloxStream(seed, offset, b, 0, SS_PURPOSE_ACCEPT).word(i));
+      }
+    }
+    return g;
+  }
+
+  // Is the gathered draft token accepted? u q(x) <= p(x) and p(x) > 0 (greedy: x is the argmax).
+  __device__ __forceinline__ bool accepts(int b, int i, const Gathered& g, const Request& rq) const {
     if constexpr (MODE == SS_MODE_SIGMOID) {
-      const float y = decode<T>(draft_row(b, i)[x]) * rq.inv_t;
-      const float p = 1.f / (1.f + expf(-(z - sig_offset) * sig_inv_scale));
-      const float q = 1.f / (1.f + expf(-(y - sig_offset) * sig_inv_scale));
-      const float u = acceptance_uniform(PhiloxStream(seed, offset, b, 0, SS_PURPOSE_ACCEPT).word(i));
-      return p > 0.f && u * q <= p;
+      const float p = 1.f / (1.f + expf(-(g.z - sig_offset) * sig_inv_scale));
+      const float q = 1.f / (1.f + expf(-(g.y - sig_offset) * sig_inv_scale));
+      return p > 0.f && g.u * q <= p;
     } else {
       const SoftmaxStat sp = load_stat(stat + (b * R + i) * 3);
-      if (rq.greedy) return x == sp.arg;
+      if (rq.greedy) return g.x == sp.arg;
       const SoftmaxStat sq = load_stat(stat + (b * R + G + 1 + i) * 3);
-      const float y = decode<T>(draft_row(b, i)[x]) * rq.inv_t;
-      const float p = MODE == SS_MODE_PROBS ? z / sp.s : expf(z - sp.m) / sp.s;
-      const float q = MODE == SS_MODE_PROBS ? y / sq.s : expf(y - sq.m) / sq.s;
-      const float u = acceptance_uniform(PhiloxStream(seed, offset, b, 0, SS_PURPOSE_ACCEPT).word(i));
-      return p > 0.f && u * q <= p;
+      const float p = MODE == SS_MODE_PROBS ? g.z / sp.s : expf(g.z - sp.m) / sp.s;
+      const float q = MODE == SS_MODE_PROBS ? g.y / sq.s : expf(g.y - sq.m) / sq.s;
+      return p > 0.f && g.u * q <= p;
     }
   }
 
-  // Warp 0: first rejected position (or L) and request-level errors.
-  __device__ __forceinline__ void first_rejection(int b, const Request& rq, int* s_n, int* s_err) const {
+  // Warp 0: first rejected position (or L) and request-level errors. `first` holds this lane's
+  // gathered position `lane` (positions 32.. are gathered here).
+  __device__ __forceinline__ void first_rejection(int b, const Request& rq, const Gathered& first,
+                                                  int* s_n, int* s_err) const {
     if (threadIdx.x >= 32) return;
     const int lane = threadIdx.x;
     int n = rq.L, errs = rq.errs;
@@ -299,9 +319,9 @@ struct Verifier {
       const int i = base + lane;
       bool reject = false;
       if (i < rq.L) {
-        const long long x = (long long)draft_tokens[(long long)b * G + i];
-        if (x < 0 || x >= V) { errs |= SS_ERR_TOKEN; reject = true; }
-        else reject = !accepts(b, i, (int)x, rq);
+        const Gathered g = base == 0 ? first : gather(b, i, rq);
+        if (!g.in_range) { errs |= SS_ERR_TOKEN; reject = true; }
+        else reject = !accepts(b, i, g, rq);
       }
       errs = __reduce_or_sync(0xffffffffu, errs);
       const unsigned m = __ballot_sync(0xffffffffu, reject);
@@ -312,6 +332,8 @@ struct Verifier {
 
   __device__ __forceinline__ void phase2(int b, int s, RaceBest* red, int* sh) const {
     const Request rq = request(b);
+    Gathered first = {0, 0.f, 0.f, 0.f, false};
+    if (threadIdx.x < 32) first = gather(b, threadIdx.x, rq);
     if constexpr (MODE != SS_MODE_SIGMOID) {
       // Warp 0 spins in lock-step (lane 0 reads, the value is broadcast) so the warp reaches the
       // barrier converged; a lone spinning lane would let its warp arrive at the barrier split.
@@ -325,7 +347,7 @@ struct Verifier {
       }
       __syncthreads();
     }
-    first_rejection(b, rq, sh + 0, sh + 1);
+    first_rejection(b, rq, first, sh + 0, sh + 1);
     __syncthreads();
     const int n = sh[0];
     const int errs = sh[1] | (MODE != SS_MODE_SIGMOID ? __ldcg(err + b) : 0);
@@ -424,7 +446,7 @@ __global__ void __launch_bounds__(SS_THREADS, MODE == SS_MODE_PROBS ? 3 : 4) ver
     const int* lengths, const float* temps, float temp_scalar,
     unsigned long long seed, const long long* seed_ptr, unsigned long long offset, const long long* offset_ptr,
     float sig_offset, float sig_scale, unsigned race_purpose,
-    int B, int G, int V, int S1, int C1, int S2, int C2,
+    int B, int G, int V, int S1, int C1, int S2, int C2, int lag_requests,
     int* ws, long long part_off, long long stat_off, long long cand_off, int* out) {
   __shared__ SoftmaxStat red_stat[SS_WARPS];
   __shared__ RaceBest red_race[SS_WARPS];
@@ -442,12 +464,31 @@ __global__ void __launch_bounds__(SS_THREADS, MODE == SS_MODE_PROBS ? 3 : 4) ver
   v.part = ws + part_off; v.stat = ws + stat_off; v.cand = ws + cand_off;
   v.accepted = out; v.emitted = out + B; v.error = out + 2 * B; v.tokens = out + 3 * B;
 
-  const long long p1 = (long long)R * S1, per_req = p1 + S2, total = per_req * B;
+  // Item order: group g holds the P1 items of request g, then the P2 items of request g - lag.
+  // The lag (in requests, about a wave of the grid) lets a request's rows finish before blocks
+  // reach its P2 items, so they rarely wait; every P2 item still follows its request's P1 items.
+  const long long A = (long long)R * S1;
+  const int lag = min(lag_requests, B);
+  const long long region_a = lag * A, region_b = (B - lag) * (A + S2), total = region_a + region_b + (long long)lag * S2;
   for (long long item = blockIdx.x; item < total; item += gridDim.x) {
-    const int b = (int)(item / per_req);
-    const long long k = item - b * per_req;
-    if (k < p1) v.phase1(b, (int)(k / S1), (int)(k % S1), red_stat, sh);
-    else v.phase2(b, (int)(k - p1), red_race, sh);
+    int b;
+    long long k;
+    bool first_phase;
+    if (item < region_a) {
+      b = (int)(item / A); k = item % A; first_phase = true;
+    } else if (item < region_a + region_b) {
+      const long long t = item - region_a;
+      const int g = lag + (int)(t / (A + S2));
+      k = t % (A + S2);
+      first_phase = k < A;
+      if (first_phase) b = g;
+      else { b = g - lag; k -= A; }
+    } else {
+      const long long t = item - region_a - region_b;
+      b = B + (int)(t / S2) - lag; k = t % S2; first_phase = false;
+    }
+    if (first_phase) v.phase1(b, (int)(k / S1), (int)(k % S1), red_stat, sh);
+    else v.phase2(b, (int)k, red_race, sh);
     __syncthreads();  // shared flags are reused by the next item
   }
 }

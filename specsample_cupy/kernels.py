@@ -98,16 +98,24 @@ class _Plan:
         sweeps = -(-V // sweep)
         max_sweeps = int(os.environ.get("SPECSAMPLE_MAX_SWEEPS", "64"))
         C1 = sweep * _sweeps_per_item(sweeps * B * R, capacity, max_sweeps)
-        C2 = sweep * _sweeps_per_item(sweeps * B, capacity, max_sweeps)
-        S1, S2 = -(-V // C1), -(-V // C2)
+        S1 = -(-V // C1)
+        # P2: when P1 leaves part of the grid free, split the emitted rows over just that part,
+        # so no P2 item waits for a block.
+        spare = capacity - B * R * S1
+        C2 = sweep * (-(-sweeps // max(1, spare // B)) if spare >= B else
+                      _sweeps_per_item(sweeps * B, capacity, max_sweeps))
+        S2 = -(-V // C2)
+        grid = max(1, min(B * (R * S1 + S2), capacity))
+        lag_waves = float(os.environ.get("SPECSAMPLE_LAG_WAVES", "1"))
+        lag = 0 if R == 0 else max(1, int(-(-lag_waves * grid // (R * S1 + S2))))
         counters, part, stat = B * R + 3 * B, B * R * S1 * 3, B * R * 3
         self.workspace = cupy.zeros(counters + part + stat + B * S2 * 4, dtype=cupy.int32)
-        self.grid = max(1, min(B * (R * S1 + S2), capacity))
+        self.grid = grid
         self.out_size = 3 * B + B * (G + 1)
         c = ctypes
         self.args = [c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_float(),
                      c.c_uint64(), c.c_void_p(), c.c_uint64(), c.c_void_p(), c.c_float(), c.c_float(),
-                     c.c_uint32(), *(c.c_int32(v) for v in (B, G, V, S1, C1, S2, C2)),
+                     c.c_uint32(), *(c.c_int32(v) for v in (B, G, V, S1, C1, S2, C2, lag)),
                      c.c_void_p(self.workspace.data.ptr), c.c_int64(counters), c.c_int64(counters + part),
                      c.c_int64(counters + part + stat), c.c_void_p()]
         self.params = (c.c_void_p * len(self.args))(*(c.cast(c.pointer(a), c.c_void_p) for a in self.args))
@@ -124,8 +132,8 @@ class _Plan:
     def __call__(self, stream, head, out):
         """head: the 13 leading kernel arguments (pointers as ints); out: the output array."""
         if self.func is None:  # no direct driver access in this CuPy: let it pack the arguments
-            tail = [np.int32(a.value) for a in self.args[13:20]] + [self.workspace]
-            tail += [np.int64(a.value) for a in self.args[21:24]]
+            tail = [np.int32(a.value) for a in self.args[13:21]] + [self.workspace]
+            tail += [np.int64(a.value) for a in self.args[22:25]]
             self.kern((self.grid,), (THREADS,), (*(t(v) for t, v in zip(self._HEAD_TYPES, head)), *tail, out))
             return
         for slot, v in zip(self.args, head):
