@@ -96,7 +96,7 @@ class _Plan:
         R = 0 if mode == MODE_SIGMOID else 2 * G + 1
         sweep = THREADS * vec
         sweeps = -(-V // sweep)
-        max_sweeps = int(os.environ.get("SPECSAMPLE_MAX_SWEEPS", "64"))
+        max_sweeps = int(os.environ.get("SPECSAMPLE_MAX_SWEEPS", "256"))
         C1 = sweep * _sweeps_per_item(sweeps * B * R, capacity, max_sweeps)
         S1 = -(-V // C1)
         # P2: when P1 leaves part of the grid free, split the emitted rows over just that part,
@@ -106,7 +106,7 @@ class _Plan:
                       _sweeps_per_item(sweeps * B, capacity, max_sweeps))
         S2 = -(-V // C2)
         grid = max(1, min(B * (R * S1 + S2), capacity))
-        lag_waves = float(os.environ.get("SPECSAMPLE_LAG_WAVES", "1"))
+        lag_waves = float(os.environ.get("SPECSAMPLE_LAG_WAVES", "4"))
         lag = 0 if R == 0 else max(1, int(-(-lag_waves * grid // (R * S1 + S2))))
         counters, part, stat = B * R + 3 * B, B * R * S1 * 3, B * R * 3
         self.workspace = cupy.zeros(counters + part + stat + B * S2 * 4, dtype=cupy.int32)
