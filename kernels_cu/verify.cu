@@ -6,9 +6,9 @@
 //   P1(b, row, slice)  one 256-thread block reduces a vocabulary slice of one row of request b to
 //                      online-softmax statistics (max, sum exp, first argmax), read once with
 //                      16-byte loads. Rows are the gamma+1 target rows then the gamma draft rows.
-//                      The block that finishes a row last (atomic counter) combines its slices
-//                      and bumps the request's ready counter.
-//   P2(b, slice)       waits until all rows of request b are combined, finds the first rejection
+//                      It publishes its partial and bumps the request's counter.
+//   P2(b, slice)       waits until every P1 item of request b is counted, combines the rows'
+//                      partials (one warp per row, into shared memory), finds the first rejection
 //                      n with warp 0 (one lane per draft position, ballot), then runs an
 //                      exponential race (argmax r_j / E_j, E_j ~ Exp(1) from Philox) over its slice
 //                      of row n: r = max(0, p - q) for a rejection, r = p for the bonus token.
@@ -132,7 +132,8 @@ struct Verifier {
   float sig_offset, sig_inv_scale;
   unsigned race_purpose;
   int B, G, V, S1, C1, S2, C2, R;
-  int *row_ctr, *req_ctr, *fin_ctr, *err, *part, *stat, *cand;
+  int *req_ctr, *fin_ctr, *err, *part, *cand;
+  SoftmaxStat* rows;  // shared: the combined statistics of every row of the current P2 request
   int *accepted, *emitted, *error, *tokens;
 
   __device__ __forceinline__ Request request(int b) const {
@@ -218,7 +219,7 @@ struct Verifier {
     if constexpr (MODE != SS_MODE_PROBS) st.m = m * inv_t;
   }
 
-  __device__ __forceinline__ void phase1(int b, int r, int s, SoftmaxStat* red, int* flag) const {
+  __device__ __forceinline__ void phase1(int b, int r, int s, SoftmaxStat* red) const {
     const Request rq = request(b);
     const bool is_target = r <= G;
     const int i = is_target ? r : r - G - 1;
@@ -237,27 +238,26 @@ struct Verifier {
     // Only thread 0 wrote; its fence publishes the partial before the count that announces it.
     if (threadIdx.x == 0) {
       __threadfence();
-      *flag = atomicAdd(row_ctr + b * R + r, 1) == S1 - 1;
+      atomicAdd(req_ctr + b, 1);
     }
-    __syncthreads();
-    if (!*flag) return;
-    __threadfence();
-    // Last slice of this row: combine the slices' statistics.
-    if (active) {
+  }
+
+  // P2, after the wait: combine each active row's slice statistics into shared memory, one warp
+  // per row. Returns (via *no_mass) whether an active row has no probability mass.
+  __device__ __forceinline__ void combine_rows(int b, const Request& rq, int* no_mass) const {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int r = warp; r < R; r += SS_WARPS) {
+      const bool is_target = r <= G;
+      const int i = is_target ? r : r - G - 1;
+      if (!(is_target ? i <= rq.L : (i < rq.L && !rq.greedy))) continue;
       SoftmaxStat st = {MODE == SS_MODE_PROBS ? 0.f : -SS_INF, 0.f, 0x7fffffff};
       const int* rp = part + (long long)(b * R + r) * S1 * 3;
-      for (int k = threadIdx.x; k < S1; k += SS_THREADS) st = combine(st, load_stat(rp + 3 * k));
-      st = block_reduce(st, CombineStat(), red);
-      if (threadIdx.x == 0) {
-        store_stat(stat + (b * R + r) * 3, st);
-        const bool empty = MODE == SS_MODE_PROBS ? !(st.s > 0.f) : st.m == -SS_INF;
-        if (empty) atomicOr(err + b, SS_ERR_NO_MASS);
+      for (int k = lane; k < S1; k += 32) st = combine(st, load_stat(rp + 3 * k));
+      st = warp_reduce(st, CombineStat());
+      if (lane == 0) {
+        rows[r] = st;
+        if (MODE == SS_MODE_PROBS ? !(st.s > 0.f) : st.m == -SS_INF) *no_mass = 1;
       }
-    }
-    if (threadIdx.x == 0) {
-      row_ctr[b * R + r] = 0;
-      __threadfence();
-      atomicAdd(req_ctr + b, 1);
     }
   }
 
@@ -299,9 +299,9 @@ struct Verifier {
       const float q = 1.f / (1.f + expf(-(g.y - sig_offset) * sig_inv_scale));
       return p > 0.f && g.u * q <= p;
     } else {
-      const SoftmaxStat sp = load_stat(stat + (b * R + i) * 3);
+      const SoftmaxStat sp = rows[i];
       if (rq.greedy) return g.x == sp.arg;
-      const SoftmaxStat sq = load_stat(stat + (b * R + G + 1 + i) * 3);
+      const SoftmaxStat sq = rows[G + 1 + i];
       const float p = MODE == SS_MODE_PROBS ? g.z / sp.s : expf(g.z - sp.m) / sp.s;
       const float q = MODE == SS_MODE_PROBS ? g.y / sq.s : expf(g.y - sq.m) / sq.s;
       return p > 0.f && g.u * q <= p;
@@ -338,19 +338,23 @@ struct Verifier {
       // Warp 0 spins in lock-step (lane 0 reads, the value is broadcast) so the warp reaches the
       // barrier converged; a lone spinning lane would let its warp arrive at the barrier split.
       if (threadIdx.x < 32) {
+        const int items = R * S1;
         int ready;
         do {
           ready = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? *(volatile int*)(req_ctr + b) : 0, 0);
-          if (ready < R) __nanosleep(64);
-        } while (ready < R);
+          if (ready < items) __nanosleep(32);
+        } while (ready < items);
         __threadfence();
       }
+      if (threadIdx.x == 0) sh[4] = 0;
+      __syncthreads();
+      combine_rows(b, rq, sh + 4);
       __syncthreads();
     }
     first_rejection(b, rq, first, sh + 0, sh + 1);
     __syncthreads();
     const int n = sh[0];
-    const int errs = sh[1] | (MODE != SS_MODE_SIGMOID ? __ldcg(err + b) : 0);
+    const int errs = sh[1] | (MODE != SS_MODE_SIGMOID ? __ldcg(err + b) | (sh[4] ? SS_ERR_NO_MASS : 0) : 0);
 
     RaceBest res = {-1.f, 0x7fffffff}, pb = {-1.f, 0x7fffffff};
     bool bad = false;
@@ -360,8 +364,8 @@ struct Verifier {
       const S* yrow = bonus ? zrow : draft_row(b, n);
       SoftmaxStat sp = {0.f, 1.f, 0}, sq = {0.f, 1.f, 0};
       if constexpr (MODE != SS_MODE_SIGMOID) {
-        sp = load_stat(stat + (b * R + n) * 3);
-        if (!bonus) sq = load_stat(stat + (b * R + G + 1 + n) * 3);
+        sp = rows[n];
+        if (!bonus) sq = rows[G + 1 + n];
       }
       const float inv_sp = 1.f / sp.s, inv_sq = 1.f / sq.s;
       const float c = rq.inv_t * 1.4426950408889634f;
@@ -415,10 +419,10 @@ struct Verifier {
     res = block_reduce(res, BetterRace(), red);
     pb = block_reduce(pb, BetterRace(), red);
     if (threadIdx.x == 0) {
-      int errs = sh[1] | atomicOr(err + b, 0);
+      int errs = sh[1] | atomicOr(err + b, 0) | (MODE != SS_MODE_SIGMOID && sh[4] ? SS_ERR_NO_MASS : 0);
       int token = -1;
       if (!errs) {
-        if (rq.greedy) token = load_stat(stat + (b * R + n) * 3).arg;
+        if (rq.greedy) token = rows[n].arg;
         else token = res.key > 0.f ? res.idx : (pb.key > 0.f ? pb.idx : -1);
         if (token < 0) errs |= SS_ERR_NO_MASS;
       }
@@ -447,10 +451,11 @@ __global__ void __launch_bounds__(SS_THREADS, MODE == SS_MODE_PROBS ? 3 : 4) ver
     unsigned long long seed, const long long* seed_ptr, unsigned long long offset, const long long* offset_ptr,
     float sig_offset, float sig_scale, unsigned race_purpose,
     int B, int G, int V, int S1, int C1, int S2, int C2, int lag_requests,
-    int* ws, long long part_off, long long stat_off, long long cand_off, int* out) {
+    int* ws, long long part_off, long long cand_off, int* out) {
   __shared__ SoftmaxStat red_stat[SS_WARPS];
   __shared__ RaceBest red_race[SS_WARPS];
-  __shared__ int sh[4];
+  __shared__ int sh[5];
+  extern __shared__ int dynamic_smem[];  // R SoftmaxStat: the combined rows in P2
   Verifier<T, TOK, VEC, MODE> v;
   v.draft_tokens = draft_tokens; v.draft = draft; v.target = target;
   v.lengths = lengths; v.temps = temps; v.temp_scalar = temp_scalar;
@@ -460,8 +465,9 @@ __global__ void __launch_bounds__(SS_THREADS, MODE == SS_MODE_PROBS ? 3 : 4) ver
   v.B = B; v.G = G; v.V = V; v.S1 = S1; v.C1 = C1; v.S2 = S2; v.C2 = C2;
   v.R = MODE == SS_MODE_SIGMOID ? 0 : 2 * G + 1;
   const int R = v.R;
-  v.row_ctr = ws; v.req_ctr = ws + B * R; v.fin_ctr = ws + B * R + B; v.err = ws + B * R + 2 * B;
-  v.part = ws + part_off; v.stat = ws + stat_off; v.cand = ws + cand_off;
+  v.req_ctr = ws; v.fin_ctr = ws + B; v.err = ws + 2 * B;
+  v.part = ws + part_off; v.cand = ws + cand_off;
+  v.rows = reinterpret_cast<SoftmaxStat*>(dynamic_smem);
   v.accepted = out; v.emitted = out + B; v.error = out + 2 * B; v.tokens = out + 3 * B;
 
   // Item order: group g holds the P1 items of request g, then the P2 items of request g - lag.
@@ -487,7 +493,7 @@ __global__ void __launch_bounds__(SS_THREADS, MODE == SS_MODE_PROBS ? 3 : 4) ver
       const long long t = item - region_a - region_b;
       b = B + (int)(t / S2) - lag; k = t % S2; first_phase = false;
     }
-    if (first_phase) v.phase1(b, (int)(k / S1), (int)(k % S1), red_stat, sh);
+    if (first_phase) v.phase1(b, (int)(k / S1), (int)(k % S1), red_stat);
     else v.phase2(b, (int)k, red_race, sh);
     __syncthreads();  // shared flags are reused by the next item
   }

@@ -108,8 +108,9 @@ class _Plan:
         grid = max(1, min(B * (R * S1 + S2), capacity))
         lag_waves = float(os.environ.get("SPECSAMPLE_LAG_WAVES", "4"))
         lag = 0 if R == 0 else max(1, int(-(-lag_waves * grid // (R * S1 + S2))))
-        counters, part, stat = B * R + 3 * B, B * R * S1 * 3, B * R * 3
-        self.workspace = cupy.zeros(counters + part + stat + B * S2 * 4, dtype=cupy.int32)
+        counters, part = 3 * B, B * R * S1 * 3
+        self.workspace = cupy.zeros(counters + part + B * S2 * 4, dtype=cupy.int32)
+        self.shared_bytes = R * 12  # the combined statistics of one request's rows
         self.grid = grid
         self.out_size = 3 * B + B * (G + 1)
         c = ctypes
@@ -117,7 +118,7 @@ class _Plan:
                      c.c_uint64(), c.c_void_p(), c.c_uint64(), c.c_void_p(), c.c_float(), c.c_float(),
                      c.c_uint32(), *(c.c_int32(v) for v in (B, G, V, S1, C1, S2, C2, lag)),
                      c.c_void_p(self.workspace.data.ptr), c.c_int64(counters), c.c_int64(counters + part),
-                     c.c_int64(counters + part + stat), c.c_void_p()]
+                     c.c_void_p()]
         self.params = (c.c_void_p * len(self.args))(*(c.cast(c.pointer(a), c.c_void_p) for a in self.args))
         try:
             self.func = self.kern.kernel.ptr
@@ -133,13 +134,14 @@ class _Plan:
         """head: the 13 leading kernel arguments (pointers as ints); out: the output array."""
         if self.func is None:  # no direct driver access in this CuPy: let it pack the arguments
             tail = [np.int32(a.value) for a in self.args[13:21]] + [self.workspace]
-            tail += [np.int64(a.value) for a in self.args[22:25]]
-            self.kern((self.grid,), (THREADS,), (*(t(v) for t, v in zip(self._HEAD_TYPES, head)), *tail, out))
+            tail += [np.int64(a.value) for a in self.args[22:24]]
+            self.kern((self.grid,), (THREADS,), (*(t(v) for t, v in zip(self._HEAD_TYPES, head)), *tail, out),
+                      shared_mem=self.shared_bytes)
             return
         for slot, v in zip(self.args, head):
             slot.value = v
         self.args[-1].value = out.data.ptr
-        self.launch_kernel(self.func, self.grid, 1, 1, THREADS, 1, 1, 0, stream.ptr,
+        self.launch_kernel(self.func, self.grid, 1, 1, THREADS, 1, 1, self.shared_bytes, stream.ptr,
                            ctypes.addressof(self.params), 0)
 
 
