@@ -62,3 +62,19 @@ def test_sigmoid_is_not_exact_and_its_distance_is_measured():
     pvalue, res = run_case(lambda *a, **k: verify(*a, method="sigmoid", **k),
                            V=12, G=3, temperature=1.0, ragged=False, seed=5)
     assert pvalue < P_MIN
+
+
+def test_sigmoid_follows_its_closed_form_distribution():
+    """The sigmoid path samples exactly the distribution analysis.first_token_distribution predicts
+    (so the TV distances reported for it are those of the implementation)."""
+    from specsample_cupy.analysis import first_token_distribution, total_variation
+    rng = np.random.default_rng(11)
+    V, G = 10, 2
+    tokens, draft, target = random_problem(rng, DRAWS, G, V, closeness=0.5, share=True)
+    kw = dict(sigmoid_offset=0.0, sigmoid_scale=1.0)    # a sigmoid far enough from exact to tell apart
+    res = verify(tokens, draft, target, method="sigmoid", seed=4, **kw)
+    predicted = first_token_distribution(target[0, 0], draft[0, 0], "sigmoid", **kw)
+    assert first_token_pvalue(np.asarray(res.tokens[:, 0]), predicted) >= P_MIN
+    exact = first_token_distribution(target[0, 0], draft[0, 0], "exact")
+    np.testing.assert_allclose(exact, softmax(target[0, 0].astype(np.float64)), atol=1e-12)
+    assert total_variation(predicted, exact) > 0.01
