@@ -165,13 +165,7 @@ class SpeculativeDecoder:
         self.target_spec = ModelSpec.from_dir(target if target is not None else default_model_dir("target"))
         self.draft_spec = ModelSpec.from_dir(draft if draft is not None else default_model_dir("draft"))
         check_pair(self.target_spec, self.draft_spec)
-        self.device = _pick_device(device)
-        self.xp = array_module(self.device)
-        self.stream = None
-        if self.device == "cuda":
-            import cupy
-            cupy.cuda.Device(device_id).use()
-            self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._use_device(device, device_id)
         self.target = DecoderSession(self.target_spec, self.device, self.stream, device_id)
         self.draft = DecoderSession(self.draft_spec, self.device, self.stream, device_id)
         self.tokenizer = self.target_spec.tokenizer
@@ -189,6 +183,16 @@ class SpeculativeDecoder:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens; the models' context holds "
                                  f"{self.context_length}, leaving no room to generate")
         return prompt_ids
+
+    def _use_device(self, device, device_id):
+        """Pick the device; on CUDA, the one non-default stream every session and array shares."""
+        self.device = _pick_device(device)
+        self.xp = array_module(self.device)
+        self.stream = None
+        if self.device == "cuda":
+            import cupy
+            cupy.cuda.Device(device_id).use()
+            self.stream = cupy.cuda.Stream(non_blocking=True)
 
     def generate(self, prompts, max_new_tokens: int = 64, gamma: int = 5, method: str = "exact",
                  temperature: float = 1.0, seed: int = 0, adaptive_gamma: bool = False, gamma_min: int = 1,

@@ -32,14 +32,7 @@ class WhisperSpeculativeDecoder(StepRecorder, SpeculativeDecoder):
 
     def __init__(self, target, draft, device: str | None = None, *, language: str | None = "en",
                  task: str = "transcribe", device_id: int = 0):
-        self.device = _pick_device(device)
-        self.xp = array_module(self.device)
-        self.stream = None
-        if self.device == "cuda":
-            import cupy
-
-            cupy.cuda.Device(device_id).use()
-            self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._use_device(device, device_id)
         kw = dict(device=self.device, language=language, task=task, stream=self.stream,
                   device_id=device_id)
         self.target_model = WhisperModel(target, **kw)
