@@ -101,7 +101,6 @@ def run(methods, vocabs, gammas, batches, dtypes, reps=30, progress=None):
     for dtype, V, G, B in (progress(grid) if progress else grid):
         inputs = make_inputs(cp, B, G, V, dtype)
         itemsize = np.dtype(dtype).itemsize
-        base_wall = None
         for method in methods:
             dev, wall = time_method(cp, method, inputs, reps)
             nbytes = must_read_bytes(method, B, G, V, itemsize)

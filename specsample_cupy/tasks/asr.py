@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from specsample_cupy.decoder import SpeculativeDecoder, _pick_device
-from specsample_cupy.sessions import array_module, check_pair as check_tokenizers
+from specsample_cupy.decoder import SpeculativeDecoder
+from specsample_cupy.sessions import check_pair as check_tokenizers
 from specsample_cupy.tasks.audio import AudioError, load_audio, log_mel_spectrogram
 from specsample_cupy.tasks.datasets import Skipped, load_asr_items
 from specsample_cupy.tasks.evaluation import (RunSettings, finish_report, item_record,
