@@ -3,8 +3,14 @@
 It is verify() with gamma = 0 (the bonus-token path: an exponential race over the row), keyed by
 its own purpose so it never reuses verify's random numbers for the same (seed, offset).
 """
+from numbers import Real
+
+import numpy as np
+
 from specsample_cupy.philox import PURPOSE_SAMPLE
 from specsample_cupy.verify import verify
+
+_NO_DRAFTS = {}
 
 
 def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, logits_dtype=None):
@@ -16,8 +22,31 @@ def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, logits_dtype=Non
     if logits.ndim != 2:
         raise ValueError(f"logits must be [B, V], got shape {logits.shape}")
     B, V = logits.shape
-    xp = __import__(type(logits).__module__.split(".")[0])
+    module = type(logits).__module__.split(".")[0]
+    if (module == "cupy" and logits.dtype.char in "fe" and logits.flags.c_contiguous and logits_dtype is None
+            and isinstance(temperature, (float, int, Real)) and 0 <= temperature < float("inf")
+            and isinstance(seed, int) and isinstance(offset, int)):
+        return _sample_on_gpu(logits, float(temperature), seed, offset)
+    xp = np if module == "numpy" else __import__(module)
     res = verify(xp.zeros((B, 0), xp.int32), xp.empty((B, 0, V), logits.dtype), logits[:, None, :],
                  temperature=temperature, seed=seed, offset=offset, logits_dtype=logits_dtype,
                  _race_purpose=PURPOSE_SAMPLE)
     return res.tokens[:, 0]
+
+
+def _sample_on_gpu(logits, temperature, seed, offset):
+    """The same kernel launch as verify(), without its general validation: the draft samples once
+    per proposed token, so this path is on the decoder's critical path."""
+    import cupy
+    from specsample_cupy import kernels
+    B, V = logits.shape
+    key = (cupy.cuda.runtime.getDevice(), B)
+    no_drafts = _NO_DRAFTS.get(key)
+    if no_drafts is None:
+        no_drafts = _NO_DRAFTS[key] = cupy.zeros((B, 0), cupy.int32)
+    rows = logits.reshape(B, 1, V)
+    out = kernels.launch(no_drafts, rows, rows, dtype_name="float32" if logits.dtype.char == "f" else "float16",
+                         lengths=None, temps=None, temp_scalar=temperature, seed=seed, offset=offset,
+                         mode=kernels.MODE_LOGITS, sigmoid_offset=0.0, sigmoid_scale=1.0,
+                         race_purpose=PURPOSE_SAMPLE)
+    return out[3 * B:]
