@@ -108,6 +108,31 @@ __device__ __forceinline__ void store_stat(int* p, SoftmaxStat s) {
   p[2] = s.arg;
 }
 
+// Hand-offs between blocks. The default is the classic pair: a full fence, then a relaxed
+// atomic (and volatile polling followed by a fence). With SS_FAST_HANDOFF the same orderings come
+// from a release/acquire atomic and acquire loads, which avoid the sequentially consistent fence.
+__device__ __forceinline__ int publish_add(int* p, int v) {  // release my earlier writes, then add
+#ifdef SS_FAST_HANDOFF
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+#else
+  __threadfence();
+  const int old = atomicAdd(p, v);
+  __threadfence();
+  return old;
+#endif
+}
+__device__ __forceinline__ int poll(const int* p) {  // acquire: later reads see what was published
+#ifdef SS_FAST_HANDOFF
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#else
+  return *(volatile const int*)p;
+#endif
+}
+
 struct Request {
   int L;         // draft tokens to verify, in [0, G]
   float inv_t;   // 1 / temperature (1 for greedy requests)
@@ -237,8 +262,7 @@ struct Verifier {
     }
     // Only thread 0 wrote; its fence publishes the partial before the count that announces it.
     if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(req_ctr + b, 1);
+      publish_add(req_ctr + b, 1);
     }
   }
 
@@ -341,10 +365,12 @@ struct Verifier {
         const int items = R * S1;
         int ready;
         do {
-          ready = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? *(volatile int*)(req_ctr + b) : 0, 0);
+          ready = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? poll(req_ctr + b) : 0, 0);
           if (ready < items) __nanosleep(32);
         } while (ready < items);
+#ifndef SS_FAST_HANDOFF
         __threadfence();
+#endif
       }
       if (threadIdx.x == 0) sh[4] = 0;
       __syncthreads();
@@ -399,12 +425,10 @@ struct Verifier {
       int* c = cand + ((long long)b * S2 + s) * 4;
       c[0] = __float_as_int(res.key); c[1] = res.idx;
       c[2] = __float_as_int(pb.key); c[3] = pb.idx;
-      __threadfence();
-      sh[2] = atomicAdd(fin_ctr + b, 1) == S2 - 1;
+      sh[2] = publish_add(fin_ctr + b, 1) == S2 - 1;
     }
     __syncthreads();
     if (!sh[2]) return;
-    __threadfence();
     finish(b, rq, n, red, sh);
   }
 
@@ -419,7 +443,7 @@ struct Verifier {
     res = block_reduce(res, BetterRace(), red);
     pb = block_reduce(pb, BetterRace(), red);
     if (threadIdx.x == 0) {
-      int errs = sh[1] | atomicOr(err + b, 0) | (MODE != SS_MODE_SIGMOID && sh[4] ? SS_ERR_NO_MASS : 0);
+      int errs = sh[1] | __ldcg(err + b) | (MODE != SS_MODE_SIGMOID && sh[4] ? SS_ERR_NO_MASS : 0);
       int token = -1;
       if (!errs) {
         if (rq.greedy) token = rows[n].arg;

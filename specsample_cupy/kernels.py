@@ -54,7 +54,7 @@ def all_name_expressions():
 @functools.lru_cache(maxsize=None)
 def _kernel(device_id, name):
     import cupy
-    options = ("--std=c++17",)
+    options = ("--std=c++17",) + tuple(os.environ.get("SPECSAMPLE_KERNEL_DEFINES", "").split())
     if os.environ.get("SPECSAMPLE_KERNEL_LINEINFO"):
         options += ("--generate-line-info",)  # source lines in compute-sanitizer reports
     module = cupy.RawModule(code=kernel_source(), options=options, name_expressions=[name])
