@@ -7,6 +7,12 @@ export PYTHONUNBUFFERED=1
 log="$out/summary.txt"
 step() { echo "== $1" | tee -a "$log"; }
 
+step "kernel variants (device us, exact)"
+timeout 120 python3 benchmarks/ab_kernel.py 2>&1 | tail -1 | tee -a "$log"
+SPECSAMPLE_KERNEL_DEFINES=-DSS_FAST_HANDOFF timeout 120 python3 benchmarks/ab_kernel.py 2>&1 | tail -1 | tee -a "$log"
+SPECSAMPLE_KERNEL_DEFINES=-DSS_FAST_HANDOFF timeout 120 python3 benchmarks/sanitize_verify.py 2>&1 | tail -1 | sed 's/^/fast handoff: /' | tee -a "$log"
+SPECSAMPLE_KERNEL_DEFINES=-DSS_FAST_HANDOFF timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_verify_gpu.py 2>&1 | tail -1 | sed 's/^/fast handoff: /' | tee -a "$log"
+
 step "pytest -m gpu"
 timeout 420 python3 -m pytest -m gpu -q -rfE -s -p no:cacheprovider tests > "$out/pytest_gpu.txt" 2>&1
 grep -E "mismatches per config|^(FAILED|ERROR)|passed|failed" "$out/pytest_gpu.txt" | cut -c1-600 | tee -a "$log"
