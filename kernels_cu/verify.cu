@@ -21,6 +21,8 @@
 // MODE_SIGMOID has no P1 items: the paper's element-wise sigmoid needs no row statistics.
 #include "philox.cuh"
 #include "block_reduce.cuh"
+#include "load.cuh"
+#include "handoff.cuh"
 
 #define SS_MODE_LOGITS 0
 #define SS_MODE_PROBS 1
@@ -36,65 +38,6 @@
 
 #define SS_INF __int_as_float(0x7f800000)
 
-__device__ __forceinline__ float ex2_approx(float x) {  // 2^x, ~2 ulp; 0 for -inf
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-struct f32 { typedef float storage; };
-struct f16 { typedef unsigned short storage; };
-struct bf16 { typedef unsigned short storage; };
-
-template <class T> __device__ __forceinline__ float decode(typename T::storage v);
-template <> __device__ __forceinline__ float decode<f32>(float v) { return v; }
-template <> __device__ __forceinline__ float decode<f16>(unsigned short v) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
-  return f;
-}
-template <> __device__ __forceinline__ float decode<bf16>(unsigned short v) {
-  return __uint_as_float(((unsigned)v) << 16);
-}
-
-// VEC consecutive elements starting at p (16-byte aligned when VEC > 1), as float.
-template <class T, int VEC>
-__device__ __forceinline__ void load_vec(const typename T::storage* p, float (&out)[VEC]) {
-  if constexpr (VEC == 1) {
-    out[0] = decode<T>(p[0]);
-  } else {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
-    if constexpr (sizeof(typename T::storage) == 4) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) out[k] = __uint_as_float(w[k]);
-    } else {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        out[2 * k] = decode<T>((unsigned short)(w[k] & 0xffffu));
-        out[2 * k + 1] = decode<T>((unsigned short)(w[k] >> 16));
-      }
-    }
-  }
-}
-
-// VEC race variates for indices base .. base+VEC-1 (base a multiple of VEC).
-template <int VEC>
-__device__ __forceinline__ void race_variates(const PhiloxStream& ps, int base, float (&e)[VEC]) {
-  if constexpr (VEC == 1) {
-    e[0] = race_exponential(ps.word((unsigned)base));
-  } else {
-#pragma unroll
-    for (int g = 0; g < VEC / 4; ++g) {
-      const uint4 w = ps.block((unsigned)(base >> 2) + g);
-      e[4 * g] = race_exponential(w.x);
-      e[4 * g + 1] = race_exponential(w.y);
-      e[4 * g + 2] = race_exponential(w.z);
-      e[4 * g + 3] = race_exponential(w.w);
-    }
-  }
-}
-
 __device__ __forceinline__ SoftmaxStat load_stat(const int* p) {
   SoftmaxStat s;
   s.m = __int_as_float(__ldcg(p));
@@ -106,31 +49,6 @@ __device__ __forceinline__ void store_stat(int* p, SoftmaxStat s) {
   p[0] = __float_as_int(s.m);
   p[1] = __float_as_int(s.s);
   p[2] = s.arg;
-}
-
-// Hand-offs between blocks. The default is the classic pair: a full fence, then a relaxed
-// atomic (and volatile polling followed by a fence). With SS_FAST_HANDOFF the same orderings come
-// from a release/acquire atomic and acquire loads, which avoid the sequentially consistent fence.
-__device__ __forceinline__ int publish_add(int* p, int v) {  // release my earlier writes, then add
-#ifdef SS_FAST_HANDOFF
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-#else
-  __threadfence();
-  const int old = atomicAdd(p, v);
-  __threadfence();
-  return old;
-#endif
-}
-__device__ __forceinline__ int poll(const int* p) {  // acquire: later reads see what was published
-#ifdef SS_FAST_HANDOFF
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-#else
-  return *(volatile const int*)p;
-#endif
 }
 
 struct Request {
