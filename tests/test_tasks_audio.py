@@ -138,3 +138,19 @@ def test_log_mel_cupy_matches_numpy():
     gpu = A.log_mel_spectrogram(cupy.asarray(x), 80, xp=cupy)
     np.testing.assert_allclose(cupy.asnumpy(gpu), A.log_mel_spectrogram(x, 80), atol=1e-4)
     assert gpu.shape == (80, 3000)
+
+
+def test_pcm_wav_reader_matches_soundfile(tmp_path):
+    sf = pytest.importorskip("soundfile")
+    rng = np.random.default_rng(3)
+    x = (rng.uniform(-0.9, 0.9, size=(8000, 2))).astype(np.float32)
+    for subtype in ("PCM_16", "PCM_32", "PCM_U8"):
+        path = tmp_path / f"x_{subtype}.wav"
+        sf.write(path, x, 16000, subtype=subtype)
+        data, rate = A.read_pcm_wav(path)
+        ref, ref_rate = sf.read(str(path), dtype="float32", always_2d=True)
+        assert rate == ref_rate == 16000 and data.shape == ref.shape
+        np.testing.assert_allclose(data, ref, atol=1e-6)
+    (tmp_path / "bad.wav").write_bytes(b"RIFF....WAVEjunk")
+    with pytest.raises(A.AudioError, match="cannot read audio"):
+        A.read_pcm_wav(tmp_path / "bad.wav")

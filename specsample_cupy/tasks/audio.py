@@ -35,13 +35,17 @@ def load_audio(path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     """Mono float32 waveform in [-1, 1] at ``sample_rate`` from a WAV/FLAC/OGG file."""
     try:
         import soundfile
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise AudioError("reading audio needs the 'soundfile' package "
-                         "(pip install 'specsample-cupy[eval]')") from exc
-    try:
-        data, sr = soundfile.read(str(path), dtype="float32", always_2d=True)
-    except Exception as exc:  # soundfile raises several types (LibsndfileError, RuntimeError)
-        raise AudioError(f"cannot read audio {path}: {exc}") from exc
+    except ImportError as exc:  # without soundfile, plain PCM WAV still reads (standard library)
+        if str(path).lower().endswith(".wav"):
+            data, sr = read_pcm_wav(path)
+        else:
+            raise AudioError("reading audio other than PCM WAV needs the 'soundfile' package "
+                             "(pip install 'specsample-cupy[eval]')") from exc
+    else:
+        try:
+            data, sr = soundfile.read(str(path), dtype="float32", always_2d=True)
+        except Exception as exc:  # soundfile raises several types (LibsndfileError, RuntimeError)
+            raise AudioError(f"cannot read audio {path}: {exc}") from exc
     if data.shape[0] == 0:
         raise AudioError(f"audio {path} has no samples")
     # Down-mix by averaging channels, like ffmpeg's "-ac 1" used by whisper.
@@ -49,6 +53,25 @@ def load_audio(path, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     if sr != sample_rate:
         mono = resample(mono, sr, sample_rate)
     return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def read_pcm_wav(path) -> tuple[np.ndarray, int]:
+    """(samples [frames, channels] float32 in [-1, 1], rate) of an 8/16/32-bit PCM WAV file,
+    with the standard library's wave module."""
+    import wave
+    try:
+        with wave.open(str(path), "rb") as w:
+            channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
+            raw = w.readframes(w.getnframes())
+    except (wave.Error, EOFError, OSError) as exc:
+        raise AudioError(f"cannot read audio {path}: {exc}") from exc
+    if width == 1:
+        data = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
+    elif width in (2, 4):
+        data = np.frombuffer(raw, f"<i{width}").astype(np.float32) / float(2 ** (8 * width - 1))
+    else:
+        raise AudioError(f"cannot read audio {path}: {8 * width}-bit PCM is not supported without soundfile")
+    return data.reshape(-1, channels), rate
 
 
 # --------------------------------------------------------------------------- resampling
