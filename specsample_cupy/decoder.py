@@ -19,7 +19,7 @@ import numpy as np
 from specsample_cupy import errors
 from specsample_cupy.sampling import sample_tokens
 from specsample_cupy.sessions import DecoderSession, ModelSpec, array_module, check_pair, cuda_available
-from specsample_cupy.verify import verify
+from specsample_cupy.verify import VerifyResult, verify
 
 METHODS = ("exact", "sigmoid", "baseline", "greedy", "target")
 
@@ -240,6 +240,7 @@ class SpeculativeDecoder:
         kv_slack = 0 if implicit_positions else self.kv_slack
 
         wall_start = time.perf_counter()
+        run_host_start = self.target.run_host_s + self.draft.run_host_s
         initial_gamma = gamma
         if speculative and adaptive_gamma:
             gamma = int(np.clip(gamma, gamma_min, gamma_max))
@@ -286,6 +287,7 @@ class SpeculativeDecoder:
         token_ids = [req.generated(b) for b in range(req.batch)]
         texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in token_ids]
         wall_s = time.perf_counter() - wall_start
+        run_host_s = self.target.run_host_s + self.draft.run_host_s - run_host_start
         rounds = max(totals["rounds"], 1)
         generated = sum(len(t) for t in token_ids)
         stats = {
@@ -298,6 +300,9 @@ class SpeculativeDecoder:
             "generated_tokens": generated, "tokens_per_s": generated / wall_s if wall_s > 0 else 0.0,
             "verify_time_per_round_s": verify_s / rounds, "model_time_s": model_s, "wall_s": wall_s,
             "host_overhead_per_round_s": max(wall_s - model_s - verify_s, 0.0) / rounds,
+            # Wall time outside ONNX Runtime's run calls (feeds, bindings, sampling, verify, the read).
+            "model_run_host_s": run_host_s,
+            "loop_overhead_per_round_s": max(wall_s - run_host_s, 0.0) / rounds,
             "sampling_time_s": sampling_s,
             "kv_compactions": target_cache.compactions + (draft_cache.compactions if speculative else 0),
         }
@@ -349,10 +354,9 @@ class SpeculativeDecoder:
         with clock.span("verify"):
             res = verify(draft_tokens, draft_logits, target_logits, method=method, temperature=temperature,
                          seed=seed, offset=next(offsets), draft_lengths=xp.asarray(draft_len.astype(np.int32)))
-            packed = xp.concatenate([res.emitted[:, None], res.error[:, None], res.tokens], axis=1)
-        result = _to_host(packed)   # the round's one device-to-host read
-        errors.raise_if_any(result[:, 1])
-        emitted, tokens = result[:, 0], result[:, 2:]
+        result = VerifyResult(_to_host(res.packed), batch)   # the round's one device-to-host read
+        errors.raise_if_any(result.error)
+        emitted, tokens = result.emitted, result.tokens
 
         # 4. Append the accepted tokens; roll both caches back to what they have seen of the new sequences.
         n_new = req.append(tokens, emitted)

@@ -49,6 +49,12 @@ class VerifyResult:
     error = property(lambda self: self._view("error"))
     tokens = property(lambda self: self._view("tokens"))
 
+    @property
+    def packed(self):
+        """The one int32 buffer [accepted B | emitted B | error B | tokens B*(gamma+1)] behind the
+        four views: a single device-to-host copy of it reads the whole result."""
+        return self._out
+
     def check(self):
         """Raise ValueError naming the failed requests (synchronises with the device on CuPy)."""
         err = self.error.get() if hasattr(self.error, "get") else self.error

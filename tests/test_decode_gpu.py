@@ -61,8 +61,8 @@ def test_no_logits_cross_to_the_host(gpu, monkeypatch):
     real_to_host = decoder_module._to_host
 
     def counting_to_host(array):
-        # Only verify()'s outcome: emitted count, error code and gamma+1 token ids per request.
-        assert isinstance(array, cupy.ndarray) and array.size <= len(PROMPTS) * (5 + 3), array.shape
+        # Only verify()'s outcome: accepted and emitted counts, error code and gamma+1 token ids per request.
+        assert isinstance(array, cupy.ndarray) and array.size <= len(PROMPTS) * (5 + 4), array.shape
         reads.append(array.nbytes)
         return real_to_host(array)
 

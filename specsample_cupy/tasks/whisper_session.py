@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,7 @@ class OrtRunner:
         self.inputs = {i.name: i for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.xp = array_module(device)
+        self.run_host_s = 0.0   # host time inside ONNX Runtime's run calls, summed
 
     def input_dtype(self, name: str):
         return _ORT_DTYPES.get(self.inputs[name].type, np.float32)
@@ -53,9 +55,13 @@ class OrtRunner:
     def run(self, feeds: dict, skip_outputs=()) -> dict:
         """Run with ``feeds`` (arrays of self.xp); returns name -> array (skipped ones absent)."""
         wanted = [n for n in self.output_names if n not in skip_outputs]
-        if self.device != "cuda":
-            return dict(zip(wanted, self.session.run(wanted, feeds)))
-        return self._run_cuda(feeds, wanted)
+        started = time.perf_counter()
+        try:
+            if self.device != "cuda":
+                return dict(zip(wanted, self.session.run(wanted, feeds)))
+            return self._run_cuda(feeds, wanted)
+        finally:
+            self.run_host_s += time.perf_counter() - started
 
     def _run_cuda(self, feeds: dict, wanted: list[str]) -> dict:
         import cupy
@@ -213,6 +219,10 @@ class WhisperDecoderSession:
         self._suppress = self.xp.asarray([t for t in spec.suppress_tokens if t < self.vocab_size], np.int64)
         self._begin = self.xp.asarray([t for t in spec.begin_suppress_tokens if t < self.vocab_size], np.int64)
         self._cache_position = "cache_position" in model.decoder.inputs
+
+    @property
+    def run_host_s(self) -> float:
+        return self.model.decoder.run_host_s
 
     def set_encoder_output(self, hidden) -> None:
         self._encoder_hidden = hidden
