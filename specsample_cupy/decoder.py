@@ -351,9 +351,10 @@ class SpeculativeDecoder:
             target_logits = self.target.forward(target_cache, ids, mask, req.seq_len[:, None] - 1 + column)
 
         # 3. Verify: accept a prefix of each request's drafts, then sample the corrected (or bonus) token.
+        lengths = xp.asarray(draft_len.astype(np.int32))   # copied before the span: it times verify() alone
         with clock.span("verify"):
             res = verify(draft_tokens, draft_logits, target_logits, method=method, temperature=temperature,
-                         seed=seed, offset=next(offsets), draft_lengths=xp.asarray(draft_len.astype(np.int32)))
+                         seed=seed, offset=next(offsets), draft_lengths=lengths)
         result = VerifyResult(_to_host(res.packed), batch)   # the round's one device-to-host read
         errors.raise_if_any(result.error)
         emitted, tokens = result.emitted, result.tokens
