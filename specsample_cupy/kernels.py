@@ -13,8 +13,6 @@ import os
 import re
 from importlib import resources
 
-import numpy as np
-
 MODE_LOGITS, MODE_PROBS, MODE_SIGMOID = 0, 1, 2
 THREADS = 256
 _DTYPE_TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -120,24 +118,11 @@ class _Plan:
                      c.c_void_p(self.workspace.data.ptr), c.c_int64(counters), c.c_int64(counters + part),
                      c.c_void_p()]
         self.params = (c.c_void_p * len(self.args))(*(c.cast(c.pointer(a), c.c_void_p) for a in self.args))
-        try:
-            self.func = self.kern.kernel.ptr
-            self.launch_kernel = cupy.cuda.driver.launchKernel
-        except AttributeError:
-            self.func = None
-
-    # Types of the 13 leading kernel arguments, for CuPy's own launch path.
-    _HEAD_TYPES = (np.uint64,) * 5 + (np.float32, np.uint64, np.uint64, np.uint64, np.uint64,
-                                      np.float32, np.float32, np.uint32)
+        self.func = self.kern.kernel.ptr
+        self.launch_kernel = cupy.cuda.driver.launchKernel
 
     def __call__(self, stream, head, out):
         """head: the 13 leading kernel arguments (pointers as ints); out: the output array."""
-        if self.func is None:  # no direct driver access in this CuPy: let it pack the arguments
-            tail = [np.int32(a.value) for a in self.args[13:21]] + [self.workspace]
-            tail += [np.int64(a.value) for a in self.args[22:24]]
-            self.kern((self.grid,), (THREADS,), (*(t(v) for t, v in zip(self._HEAD_TYPES, head)), *tail, out),
-                      shared_mem=self.shared_bytes)
-            return
         for slot, v in zip(self.args, head):
             slot.value = v
         self.args[-1].value = out.data.ptr
