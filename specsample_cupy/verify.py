@@ -135,7 +135,9 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
             assisted generation), "greedy" (accept while the draft is the target's argmax).
         temperature: scalar or [B] array; divides both models' logits; 0 means greedy.
         seed, offset: key the Philox random numbers (ints, or one-element int64 CuPy arrays so a
-            captured CUDA graph can be replayed with new values). Use a new offset every step.
+            captured CUDA graph can be replayed with new values; call verify() once with the same
+            shapes on the same stream before capturing, so its launch plan and workspace exist).
+            Use a new offset every step.
         draft_lengths: None or [B] int array; request b verifies only its first draft_lengths[b]
             drafts (0..gamma), later positions are ignored.
         probs: the two arrays already hold probabilities (temperature must be 1).
