@@ -178,9 +178,6 @@ class DecoderSession:
         self._read_graph()
         self._binding = self.session.io_binding()
         self._run_options = ort.RunOptions()
-        # No CUDA-graph annotation for these runs. Said explicitly, because onnxruntime's Python
-        # wrapper otherwise looks the key up through an exception on every run (~30 us each).
-        self._run_options.add_run_config_entry("gpu_graph_id", "-1")
         if device == "cuda":
             # Return as soon as the work is enqueued on the stream; the decode loop syncs once per round.
             self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
