@@ -4,7 +4,6 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from models.build_tiny import build_tiny_pair  # noqa: E402
 from specsample_cupy import decoder as decoder_module  # noqa: E402
 from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
 from specsample_cupy.sessions import cuda_available  # noqa: E402
@@ -17,11 +16,6 @@ pytestmark = [
 ]
 
 PROMPTS = ["the rain in spain", "a", "hello there, a longer prompt", "sea"]
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return build_tiny_pair(str(tmp_path_factory.mktemp("tiny")), vocab_size=48, seed=3)
 
 
 @pytest.fixture(scope="module")

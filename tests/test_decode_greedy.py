@@ -11,12 +11,6 @@ PROMPTS = ["the rain in spain", "a", "hello there, a test of holes", "dense"]
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    # vocab 48: EOS (id 0) is rare enough that most requests run to their budget.
-    return build_tiny_pair(str(tmp_path_factory.mktemp("tiny")), vocab_size=48, seed=3)
-
-
-@pytest.fixture(scope="module")
 def decoder(pair):
     return SpeculativeDecoder(*pair, device="cpu")
 
