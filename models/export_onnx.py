@@ -131,22 +131,28 @@ def _attention_allowed(g, input_ids, attention_mask):
 
     Visible iff attention_mask[b, j] != 0 and j <= past + t (causality among
     the new tokens; every past slot precedes all new tokens).
+
+    Column indices come from running sums over ones shaped like the inputs,
+    not from Shape/Range nodes: the graph then has no shape arithmetic, which
+    ONNX Runtime would place on the CPU, and a CUDA session can capture a run
+    whole as a CUDA graph. Indices are float32 (exact below 2**24).
     """
-    one = g.const(np.array([1], np.int64))
-    seq = g.op("Gather", [g.op("Shape", [input_ids]), one], axis=0)       # [1]
-    total = g.op("Gather", [g.op("Shape", [attention_mask]), one], axis=0)  # [1]
-    past = g.op("Sub", [total, seq])
-    zero_s = g.const(np.array(0, np.int64))
-    one_s = g.const(np.array(1, np.int64))
-    squeeze_ax = g.const(np.array([0], np.int64))
-    key_pos = g.op("Range", [zero_s, g.op("Squeeze", [total, squeeze_ax]), one_s])  # [T]
-    q_pos = g.op("Range", [g.op("Squeeze", [past, squeeze_ax]),
-                           g.op("Squeeze", [total, squeeze_ax]), one_s])          # [S]
-    q_col = g.op("Unsqueeze", [q_pos, g.const(np.array([1], np.int64))])           # [S,1]
-    causal = g.op("LessOrEqual", [key_pos, q_col])                                 # [S,T]
-    mask_bool = g.op("Cast", [attention_mask], to=TensorProto.BOOL)                # [B,T]
-    mask4 = g.op("Unsqueeze", [mask_bool, g.const(np.array([1, 2], np.int64))])   # [B,1,1,T]
-    return g.op("And", [mask4, causal], hint="attn_allowed")                       # [B,1,S,T]
+    f32 = TensorProto.FLOAT
+    zero, one = g.const(np.float32(0.0)), g.const(np.float32(1.0))
+    axis1 = g.const(np.array(1, np.int64))
+    ones_k = g.op("Add", [g.op("Mul", [g.op("Cast", [attention_mask], to=f32), zero]), one])  # [B,T]
+    ones_q = g.op("Add", [g.op("Mul", [g.op("Cast", [input_ids], to=f32), zero]), one])       # [B,S]
+    key_idx = g.op("Sub", [g.op("CumSum", [ones_k, axis1]), one])                           # 0..T-1
+    axes1 = g.const(np.array([1], np.int64))
+    past = g.op("Sub", [g.op("ReduceSum", [ones_k, axes1], keepdims=1),
+                        g.op("ReduceSum", [ones_q, axes1], keepdims=1)])                    # [B,1]
+    q_idx = g.op("Add", [g.op("Sub", [g.op("CumSum", [ones_q, axis1]), one]), past])        # past..T-1
+    causal = g.op("LessOrEqual", [g.op("Unsqueeze", [key_idx, axes1]),                       # [B,1,T]
+                                  g.op("Unsqueeze", [q_idx, g.const(np.array([2], np.int64))])])  # [B,S,1]
+    mask_bool = g.op("Cast", [attention_mask], to=TensorProto.BOOL)                          # [B,T]
+    mask3 = g.op("Unsqueeze", [mask_bool, axes1])                                            # [B,1,T]
+    allowed = g.op("And", [mask3, causal])                                                   # [B,S,T]
+    return g.op("Unsqueeze", [allowed, axes1], hint="attn_allowed")                          # [B,1,S,T]
 
 
 def _block(g, i, x, weights, cfg, allowed):
@@ -278,3 +284,30 @@ def random_weights(config: dict, seed: int = 0, *, scale: float = 0.02,
             std = embed_scale if (name == "wte" and embed_scale is not None) else scale
             out[name] = (rng.standard_normal(shape) * std).astype(np.float32)
     return out
+
+
+def read_weights(model_path: str, config: dict) -> dict[str, np.ndarray]:
+    """The named weights of a model.onnx written by export_decoder, as float32 arrays."""
+    model = onnx.load(model_path)
+    stored = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    wanted = expected_weight_shapes(full_config(config))
+    missing = sorted(set(wanted) - set(stored))
+    if missing:
+        raise ValueError(f"{model_path} lacks the weights {missing[:3]}")
+    return {name: stored[name].astype(np.float32) for name in wanted}
+
+
+def reexport(model_dir: str) -> str:
+    """Rebuild model_dir/model.onnx with this module's graph, keeping its weights and config."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    path = os.path.join(model_dir, "model.onnx")
+    weights = read_weights(path, config)
+    return export_decoder(weights, config, model_dir, weight_dtype=config.get("torch_dtype", "float16"))
+
+
+if __name__ == "__main__":
+    import sys
+    for model_dir in sys.argv[1:] or [os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                   "stdlib-code", r) for r in ("target", "draft")]:
+        print("re-exported", reexport(model_dir))

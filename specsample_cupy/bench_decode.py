@@ -40,15 +40,17 @@ def run_bench(decoder, prompts, *, max_new_tokens, gamma, temperature, seed) -> 
         return decoder.generate(prompts, max_new_tokens=n_tokens, gamma=0 if method == "target" else gamma,
                                 method=method, temperature=0.0 if method == "greedy" else temperature, seed=seed)
 
-    for method in BENCH_METHODS:   # warm-up: allocators, kernel compilation, ONNX Runtime's first runs
-        run(method, min(max_new_tokens, 8))
+    # Warm-up with the measured shapes: allocators, kernel compilation (cache compaction's too), ONNX
+    # Runtime's first runs and, on CUDA, the capture of each run shape's graph happen here.
+    for method in BENCH_METHODS:
+        run(method, max_new_tokens)
     rows = []
     for method in BENCH_METHODS:
         stats = run(method, max_new_tokens).stats
         rows.append({"method": method, **{k: stats[k] for k in (
             "tokens_per_s", "acceptance_rate", "mean_accepted_per_round", "verify_time_per_round_s",
             "host_overhead_per_round_s", "loop_overhead_per_round_s", "model_run_host_s", "model_time_s",
-            "sampling_time_s", "wall_s", "rounds",
+            "sampling_time_s", "read_wait_per_round_s", "wall_s", "rounds",
             "generated_tokens")}})
     baseline = rows[0]["tokens_per_s"]
     for row in rows:
@@ -69,22 +71,26 @@ def run_bench(decoder, prompts, *, max_new_tokens, gamma, temperature, seed) -> 
               help="Batch size: this many prompts, cycled from a built-in list.")
 @click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
+              help="On CUDA: fixed bindings and CUDA-graph replay of model runs where the models allow it.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the results to this JSON file.")
-def bench_decode(target, draft, device, max_new_tokens, gamma, n_prompts, temperature, seed, json_path):
+def bench_decode(target, draft, device, max_new_tokens, gamma, n_prompts, temperature, seed, cuda_graphs,
+                 json_path):
     """Tokens/s, acceptance, verify time and host overhead: target-only vs each verification method."""
     device = resolve_device(device)
-    decoder = load_decoder(target, draft, device)
+    decoder = load_decoder(target, draft, device, cuda_graphs)
     prompts = list(itertools.islice(itertools.cycle(DEFAULT_PROMPTS), n_prompts))
     rows = run_bench(decoder, prompts, max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature,
                      seed=seed)
     click.echo(f"device={device} batch={n_prompts} max_new_tokens={max_new_tokens} gamma={gamma} "
-               f"temperature={temperature} (greedy at 0)")
+               f"temperature={temperature} (greedy at 0) cuda_graphs={decoder.cuda_graphs}")
     click.echo(results_table(rows))
     if json_path:
         report = {"device": device, "target": str(decoder.target_spec.model_dir),
                   "draft": str(decoder.draft_spec.model_dir), "batch": n_prompts, "max_new_tokens": max_new_tokens,
-                  "gamma": gamma, "temperature": temperature, "seed": seed, "results": rows}
+                  "gamma": gamma, "temperature": temperature, "seed": seed, "cuda_graphs": decoder.cuda_graphs,
+                  "results": rows}
         with open(json_path, "w") as f:
             json.dump(report, f, indent=2)
         click.echo(f"wrote {json_path}")

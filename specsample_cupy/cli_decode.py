@@ -50,13 +50,13 @@ class TextStream:
         self.printed = len(text)
 
 
-def load_decoder(target, draft, device):
+def load_decoder(target, draft, device, cuda_graphs=True):
     from specsample_cupy.decoder import SpeculativeDecoder
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)   # the device choice was reported already
-            return SpeculativeDecoder(target, draft, device=device)
+            return SpeculativeDecoder(target, draft, device=device, cuda_graphs=cuda_graphs)
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from e
 

@@ -19,6 +19,7 @@ import numpy as np
 from specsample_cupy import errors
 from specsample_cupy.sampling import sample_tokens
 from specsample_cupy.sessions import DecoderSession, ModelSpec, array_module, check_pair, cuda_available
+from specsample_cupy.sessions_static import StaticDecoderSession
 from specsample_cupy.verify import VerifyResult, verify
 
 METHODS = ("exact", "sigmoid", "baseline", "greedy", "target")
@@ -47,6 +48,19 @@ def _pick_device(device: str | None) -> str:
 def _to_host(array) -> np.ndarray:
     """Copy a small device array to the host; the decode loop calls this once per round."""
     return array.get() if hasattr(array, "get") else np.asarray(array)
+
+
+def _put_column(dst, i: int, src):
+    """dst[:, i] = src: dst [B, G, ...] C-contiguous, src [B, ...] with contiguous rows. On the GPU one
+    strided copy (a runtime call) when the dtypes agree, rather than an elementwise kernel launch."""
+    if isinstance(dst, np.ndarray) or dst.dtype != src.dtype or not dst.flags.c_contiguous \
+            or (src.ndim > 1 and not src[0].flags.c_contiguous):
+        dst[:, i] = src
+        return
+    import cupy
+    row = src.itemsize * (src[0].size if src.ndim > 1 else 1)
+    cupy.cuda.runtime.memcpy2DAsync(dst.data.ptr + i * dst.strides[1], dst.strides[0], src.data.ptr,
+                                    src.strides[0], row, dst.shape[0], 3, cupy.cuda.get_current_stream().ptr)
 
 
 @dataclass
@@ -112,10 +126,18 @@ class _Clock:
     """Time spent in model runs and in verify(): CUDA events on the stream (read after the loop, so no
     extra syncs), perf_counter on the CPU."""
 
-    def __init__(self, stream):
+    def __init__(self, stream, pool: list):
         self.stream = stream
         self._events = {"model": [], "verify": [], "sampling": []}
         self._seconds = {"model": 0.0, "verify": 0.0, "sampling": 0.0}
+        self._pool, self._used = pool, 0   # events are reused across generate() calls: creating one costs µs
+
+    def _event(self):
+        import cupy
+        if self._used == len(self._pool):
+            self._pool.append(cupy.cuda.Event())
+        self._used += 1
+        return self._pool[self._used - 1]
 
     @contextlib.contextmanager
     def span(self, kind: str):
@@ -124,8 +146,7 @@ class _Clock:
             yield
             self._seconds[kind] += time.perf_counter() - start
             return
-        import cupy
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start, end = self._event(), self._event()
         start.record(self.stream)
         yield
         end.record(self.stream)
@@ -150,6 +171,9 @@ class SpeculativeDecoder:
             default "cuda" when usable, else "cpu" with a RuntimeWarning.
         kv_slack: rolled-back cache columns tolerated before the cache is compacted (see KVCache).
         prefill_chunk: prompt tokens per model run while prefilling (bounds the prefill's logits buffer).
+        cuda_graphs: on CUDA, run each model with fixed bindings over a full-capacity cache and let ONNX
+            Runtime replay its runs as CUDA graphs (sessions_static) when the model allows it (a graph
+            without CPU nodes, a position_ids input); other models, or False, rebind every run.
 
     Raises ValueError when the pair is incompatible (vocabulary or tokenizer differ) or a model is not a
     decoder-with-past export.
@@ -161,13 +185,13 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target=None, draft=None, device: str | None = None, *, kv_slack: int = 32,
-                 prefill_chunk: int = 256, device_id: int = 0):
+                 prefill_chunk: int = 256, device_id: int = 0, cuda_graphs: bool = True):
         self.target_spec = ModelSpec.from_dir(target if target is not None else default_model_dir("target"))
         self.draft_spec = ModelSpec.from_dir(draft if draft is not None else default_model_dir("draft"))
         check_pair(self.target_spec, self.draft_spec)
         self._use_device(device, device_id)
-        self.target = DecoderSession(self.target_spec, self.device, self.stream, device_id)
-        self.draft = DecoderSession(self.draft_spec, self.device, self.stream, device_id)
+        self.target = self._open(self.target_spec, "target", device_id, cuda_graphs)
+        self.draft = self._open(self.draft_spec, "draft", device_id, cuda_graphs)
         self.tokenizer = self.target_spec.tokenizer
         contexts = [c for c in (self.target_spec.context_length, self.draft_spec.context_length) if c]
         self.context_length = min(contexts) if contexts else None
@@ -175,6 +199,36 @@ class SpeculativeDecoder:
 
     def _on_stream(self):
         return self.stream if self.stream is not None else contextlib.nullcontext()
+
+    def _upload(self, host: np.ndarray):
+        """A small host array on the device, copied asynchronously from page-locked memory (a copy from
+        pageable memory may wait for the stream's earlier work)."""
+        if self.stream is None:
+            return host
+        import cupy
+        if self._staging is None or self._staging[0].nbytes < host.nbytes:
+            size = max(host.nbytes, 4096)
+            pinned = np.frombuffer(cupy.cuda.alloc_pinned_memory(size), np.uint8, size)   # keeps it alive
+            self._staging = (pinned, cupy.empty(size, cupy.uint8))
+        pinned, device = self._staging
+        pinned[:host.nbytes] = np.ascontiguousarray(host).view(np.uint8).ravel()
+        # The previous round's copy from this staging memory finished before that round's result was read.
+        cupy.cuda.runtime.memcpyAsync(device.data.ptr, pinned.ctypes.data, host.nbytes, 1, self.stream.ptr)
+        return device[:host.nbytes].view(host.dtype).reshape(host.shape)
+
+    def _open(self, spec, role, device_id, cuda_graphs):
+        """A StaticDecoderSession (fixed bindings, CUDA-graph replay) where the device and the model allow
+        it, else a DecoderSession; self.cuda_graphs[role] says which, or why not."""
+        if self.device == "cuda" and cuda_graphs:
+            try:
+                session = StaticDecoderSession(spec, self.device, self.stream, device_id)
+                self.cuda_graphs[role] = True
+                return session
+            except Exception as e:   # noqa: BLE001 - e.g. ONNX Runtime cannot capture a graph with CPU nodes
+                self.cuda_graphs[role] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        else:
+            self.cuda_graphs[role] = "off" if self.device == "cuda" else "cpu"
+        return DecoderSession(spec, self.device, self.stream, device_id)
 
     def encode_prompts(self, prompts) -> list[list[int]]:
         prompt_ids = [self.target_spec.encode(p) for p in prompts]
@@ -188,6 +242,8 @@ class SpeculativeDecoder:
         """Pick the device; on CUDA, the one non-default stream every session and array shares."""
         self.device = _pick_device(device)
         self.xp = array_module(self.device)
+        self.cuda_graphs = {}   # role -> True, or why the model runs without CUDA graphs
+        self._events, self._staging, self._read_wait_s = [], None, 0.0   # the loop's reusable pieces
         self.stream = None
         if self.device == "cuda":
             import cupy
@@ -251,7 +307,8 @@ class SpeculativeDecoder:
         req = _Requests(prompt_ids, budgets, self.target_spec.pad_token_id, self.target_spec.eos_token_ids,
                         extra=gamma_cap + 2)
         capacity = req.seq.shape[1] + gamma_cap + 2 + kv_slack
-        clock = _Clock(self.stream)
+        clock = _Clock(self.stream, self._events)
+        self._read_wait_s = 0.0
         offsets = itertools.count()   # a fresh Philox offset for every sampling call of this generation
         totals = {"rounds": 0, "proposed": 0, "accepted": 0, "request_rounds": 0}
 
@@ -304,7 +361,10 @@ class SpeculativeDecoder:
             "model_run_host_s": run_host_s,
             "loop_overhead_per_round_s": max(wall_s - run_host_s, 0.0) / rounds,
             "sampling_time_s": sampling_s,
+            # Host time blocked in the round's read of verify()'s result: the GPU was still busy.
+            "read_wait_per_round_s": self._read_wait_s / rounds,
             "kv_compactions": target_cache.compactions + (draft_cache.compactions if speculative else 0),
+            "cuda_graphs": dict(self.cuda_graphs),
         }
         return GenerationOutput(texts, token_ids, stats)
 
@@ -327,35 +387,41 @@ class SpeculativeDecoder:
         vocab = self.target.vocab_size
         draft_tokens = draft_tokens_buf[:batch * gamma].reshape(batch, gamma)
         draft_logits = draft_logits_buf[:batch * gamma * vocab].reshape(batch, gamma, vocab)
+        no_ids = np.zeros((batch, 1), np.int64)   # placeholders for ids that come from the device
 
         # 1. The draft proposes gamma tokens, one run each. Its first run catches up on the tokens it has not
         #    seen: the last emitted one and, after a fully accepted round, the last draft token too.
         for i in range(gamma):
             if i == 0:
                 ids, mask, positions = req.columns(draft_cache.n_real, req.seq_len, rows=draft_len > 0)
+                on_device = None
             else:
-                ids, mask, positions = draft_tokens[:, i - 1:i], (i < draft_len)[:, None], (req.seq_len + i - 1)[:, None]
+                ids, mask, positions = no_ids, (i < draft_len)[:, None], (req.seq_len + i - 1)[:, None]
+                on_device = draft_tokens[:, i - 1:i]
             with clock.span("model"):
-                logits = self.draft.forward(draft_cache, ids, mask, positions)[:, -1]
-            draft_logits[:, i] = logits
+                logits = self.draft.forward(draft_cache, ids, mask, positions, on_device)[:, -1]
+            _put_column(draft_logits, i, logits)
             with clock.span("sampling"):
-                draft_tokens[:, i] = sample_tokens(logits, temperature=temperature, seed=seed, offset=next(offsets))
+                _put_column(draft_tokens, i,
+                            sample_tokens(logits, temperature=temperature, seed=seed, offset=next(offsets)))
 
         # 2. The target scores gamma+1 positions in one run: the last emitted token, then the drafts.
-        ids = xp.empty((batch, gamma + 1), xp.int64)
-        ids[:, 0] = xp.asarray(req.last_tokens())
-        ids[:, 1:] = draft_tokens
+        ids = np.zeros((batch, gamma + 1), np.int64)
+        ids[:, 0] = req.last_tokens()
         column = np.arange(gamma + 1)[None, :]
         mask = (column <= draft_len[:, None]) & ~req.finished[:, None]
         with clock.span("model"):
-            target_logits = self.target.forward(target_cache, ids, mask, req.seq_len[:, None] - 1 + column)
+            target_logits = self.target.forward(target_cache, ids, mask, req.seq_len[:, None] - 1 + column,
+                                                draft_tokens)
 
         # 3. Verify: accept a prefix of each request's drafts, then sample the corrected (or bonus) token.
-        lengths = xp.asarray(draft_len.astype(np.int32))   # copied before the span: it times verify() alone
+        lengths = self._upload(draft_len.astype(np.int32))   # before the span: it times verify() alone
         with clock.span("verify"):
             res = verify(draft_tokens, draft_logits, target_logits, method=method, temperature=temperature,
                          seed=seed, offset=next(offsets), draft_lengths=lengths)
+        read_start = time.perf_counter()
         result = VerifyResult(_to_host(res.packed), batch)   # the round's one device-to-host read
+        self._read_wait_s += time.perf_counter() - read_start
         errors.raise_if_any(result.error)
         emitted, tokens = result.emitted, result.tokens
 

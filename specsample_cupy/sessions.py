@@ -147,7 +147,9 @@ def array_module(device: str):
     raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
 
 
-def _inference_session(path: Path, device: str, stream, device_id: int):
+def _inference_session(path: Path, device: str, stream, device_id: int, cuda_graph: bool = False):
+    """An ONNX Runtime session; on CUDA it computes on `stream`, and with cuda_graph=True it may capture
+    runs as CUDA graphs (ONNX Runtime refuses at creation when the graph has nodes on the CPU)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -157,9 +159,33 @@ def _inference_session(path: Path, device: str, stream, device_id: int):
     _preload_cuda_libraries(ort)
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise RuntimeError("device='cuda' needs onnxruntime-gpu (CUDAExecutionProvider is not available)")
-    cuda = {"device_id": str(device_id), "user_compute_stream": str(stream.ptr)}
+    # Full float32 matrix products: TF32 (onnxruntime's default on Ampere and later) would move fp32
+    # logits by ~1e-3 and make the same seed give other tokens than on the CPU.
+    cuda = {"device_id": str(device_id), "user_compute_stream": str(stream.ptr), "use_tf32": "0"}
+    if cuda_graph:
+        cuda["enable_cuda_graph"] = "1"
     return ort.InferenceSession(str(path), options, providers=[("CUDAExecutionProvider", cuda),
                                                                "CPUExecutionProvider"])
+
+
+def run_options(device: str, graph_id: int = -1):
+    """Run options of every decoder run: on CUDA, return as soon as the work is enqueued on the stream
+    (the decode loop syncs once per round), and name the CUDA graph to capture/replay (-1: none;
+    naming it also spares onnxruntime's Python wrapper a failed lookup per run)."""
+    import onnxruntime as ort
+    options = ort.RunOptions()
+    if device == "cuda":
+        options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+        options.add_run_config_entry("gpu_graph_id", str(graph_id))
+    return options
+
+
+def overlay_ids(ids, device_ids=None):
+    """Replace the last k columns of the [B, S] ids (in place) by device_ids [B, k] when given: draft
+    tokens that never leave the device. Returns ids."""
+    if device_ids is not None and device_ids.shape[1]:
+        ids[:, ids.shape[1] - device_ids.shape[1]:] = device_ids
+    return ids
 
 
 class DecoderSession:
@@ -169,18 +195,14 @@ class DecoderSession:
     has_position_ids, has_cache_branch. Use new_cache() once per batch, then forward() per step.
     """
 
-    def __init__(self, spec: ModelSpec, device: str = "cpu", stream=None, device_id: int = 0):
-        import onnxruntime as ort
-
+    def __init__(self, spec: ModelSpec, device: str = "cpu", stream=None, device_id: int = 0, *,
+                 cuda_graph: bool = False):
         self.spec, self.device, self.stream, self.device_id = spec, device, stream, device_id
         self.xp = array_module(device)
-        self.session = _inference_session(spec.onnx_path, device, stream, device_id)
+        self.session = _inference_session(spec.onnx_path, device, stream, device_id, cuda_graph)
         self._read_graph()
         self._binding = self.session.io_binding()
-        self._run_options = ort.RunOptions()
-        if device == "cuda":
-            # Return as soon as the work is enqueued on the stream; the decode loop syncs once per round.
-            self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+        self._run_options = run_options(device)
         self._logits_buffer = None
         self._keep_alive = ()
         self.run_host_s = 0.0   # host time inside ONNX Runtime's run calls, summed
@@ -254,16 +276,22 @@ class DecoderSession:
             self._logits_buffer = self.xp.empty(size, self.logits_dtype)
         return self._logits_buffer[:size].reshape(batch, steps, self.vocab_size)
 
+    def last_binding(self):
+        """(IOBinding, logits array) of the latest run: what ONNX Runtime was told to write."""
+        return self._binding, self._logits_buffer
+
     def _bind_input(self, name, array):
         self._binding.bind_input(name, self.device, self.device_id, array.dtype.type, array.shape, buffer_ptr(array))
 
     def _bind_output(self, name, array):
         self._binding.bind_output(name, self.device, self.device_id, array.dtype.type, array.shape, buffer_ptr(array))
 
-    def forward(self, cache: KVCache, input_ids, new_mask: np.ndarray, positions: np.ndarray):
+    def forward(self, cache: KVCache, input_ids: np.ndarray, new_mask: np.ndarray, positions: np.ndarray,
+                device_ids=None):
         """Run S new columns through the model and append their keys/values to the cache.
 
-        input_ids: [B, S] ints, NumPy or the session's array module (draft tokens stay on the device).
+        input_ids: [B, S] host ints; device_ids: optional [B, k] ints of the session's array module
+            that replace the last k columns of input_ids (draft tokens stay on the device).
         new_mask: [B, S] host bool/int, 1 where the column is a real token of that row, 0 for a hole
             (padding, a finished request, a position past a request's draft length).
         positions: [B, S] host ints, each real token's index in its sequence (holes: anything in range).
@@ -275,20 +303,17 @@ class DecoderSession:
         cache.make_room(steps)
         attention_mask = np.concatenate([cache.mask, new_mask.astype(np.int64)], axis=1)
         # The host-side int64 feeds travel in one host-to-device copy, then split into views.
-        host = {"attention_mask": attention_mask}
+        host = {"attention_mask": attention_mask, "input_ids": np.asarray(input_ids, np.int64)}
         if self.has_position_ids:
             limit = (self.spec.context_length or np.iinfo(np.int64).max) - 1
             host["position_ids"] = np.clip(positions, 0, limit).astype(np.int64)
-        if isinstance(input_ids, np.ndarray):
-            host["input_ids"] = input_ids.astype(np.int64)
         with self.on_stream():
             packed = xp.asarray(np.concatenate([a.ravel() for a in host.values()]))
             feeds, start = {}, 0
             for name, a in host.items():
                 feeds[name] = packed[start:start + a.size].reshape(a.shape)
                 start += a.size
-            if "input_ids" not in feeds:
-                feeds["input_ids"] = xp.ascontiguousarray(input_ids, dtype=xp.int64)
+            overlay_ids(feeds["input_ids"], device_ids)
             for name, array in feeds.items():
                 self._bind_input(name, array)
             if self.has_cache_branch:

@@ -30,13 +30,16 @@ class KVCache:
     slots, right-aligned, into the other buffer: one device-to-device copy for all layers.
     """
 
-    def __init__(self, xp, n_tensors, batch, n_heads, head_dim, dtype, capacity, *, slack=32, stream=None):
+    def __init__(self, xp, n_tensors, batch, n_heads, head_dim, dtype, capacity, *, slack=32, stream=None,
+                 buffers=None):
         self.xp, self.stream = xp, stream
         self.n_tensors, self.batch, self.n_heads, self.head_dim = n_tensors, batch, n_heads, head_dim
         self.capacity, self.slack = int(capacity), int(slack)
         per_tensor = batch * n_heads * self.capacity * head_dim
-        with self._on_stream():
-            self._buffers = [xp.zeros((n_tensors, per_tensor), dtype) for _ in range(2)]
+        if buffers is None:
+            with self._on_stream():
+                buffers = [xp.zeros((n_tensors, per_tensor), dtype) for _ in range(2)]
+        self._buffers = buffers
         self._current = 0
         self.length = 0
         self.mask = np.zeros((batch, 0), np.int64)

@@ -70,9 +70,10 @@ def test_no_logits_cross_to_the_host(gpu, monkeypatch):
 
     assert gpu.stream is not None and gpu.stream.ptr != 0   # one non-default stream for ORT and CuPy
     for session in (gpu.target, gpu.draft):
-        assert isinstance(session._logits_buffer, cupy.ndarray)
+        binding, logits = session.last_binding()
+        assert isinstance(logits, cupy.ndarray)
         # The logits output ONNX Runtime last wrote is our CuPy buffer, bound by pointer on the device.
-        bound = [v for v in session._binding.get_outputs() if v.data_ptr() == buffer_ptr(session._logits_buffer)]
+        bound = [v for v in binding.get_outputs() if v.data_ptr() == buffer_ptr(logits)]
         assert bound and bound[0].device_name().lower() == "cuda"
 
 
@@ -81,3 +82,65 @@ def test_gpu_stats_use_cuda_events(gpu):
     assert stats["device"] == "cuda"
     assert stats["verify_time_per_round_s"] > 0 and stats["model_time_s"] > 0
     assert stats["wall_s"] >= stats["model_time_s"]
+
+
+def test_models_exported_here_run_as_cuda_graphs(gpu):
+    """The pair's graphs have no CPU nodes, so both run with fixed bindings and CUDA-graph replay."""
+    from specsample_cupy.sessions_static import StaticDecoderSession
+    assert gpu.cuda_graphs == {"target": True, "draft": True}
+    assert isinstance(gpu.target, StaticDecoderSession) and isinstance(gpu.draft, StaticDecoderSession)
+    before = gpu.draft.graph_steps
+    gpu.generate(PROMPTS, max_new_tokens=8, gamma=3, temperature=1.0)
+    assert gpu.draft.graph_steps > before
+
+
+@pytest.fixture(scope="module")
+def rebinding(pair):
+    return SpeculativeDecoder(*pair, device="cuda", cuda_graphs=False)
+
+
+def test_static_cache_runs_give_the_logits_of_rebinding_runs(pair):
+    """Session level, through holes, rollbacks and in-place compactions of the static cache: the logits of
+    every real column agree with those of the growing cache rebound every run, to float rounding (keys sit
+    in other slots, so sums run in another order)."""
+    import cupy
+    from specsample_cupy.sessions import DecoderSession, ModelSpec
+    from specsample_cupy.sessions_static import StaticDecoderSession
+
+    spec = ModelSpec.from_dir(pair[0])
+    stream = cupy.cuda.Stream(non_blocking=True)
+    sessions = StaticDecoderSession(spec, "cuda", stream), DecoderSession(spec, "cuda", stream)
+    B, rng = 3, np.random.default_rng(5)
+    caches = sessions[0].new_cache(B, 64), sessions[1].new_cache(B, 64, slack=4)
+    worst, compared = 0.0, 0
+    for _ in range(60):
+        S = int(rng.choice([1, 2, 6]))
+        mask = rng.random((B, S)) < 0.8
+        positions = caches[0].n_real[:, None] + np.cumsum(mask, axis=1) - 1
+        ids = rng.integers(0, spec.vocab_size, (B, S))
+        with stream:
+            logits = [s.forward(c, ids, mask, positions).copy() for s, c in zip(sessions, caches)]
+        stream.synchronize()
+        diff = cupy.abs(logits[0] - logits[1])[cupy.asarray(mask)]
+        if diff.size:
+            worst, compared = max(worst, float(diff.max())), compared + diff.size
+        keep = np.minimum(np.maximum(caches[0].n_real - rng.integers(0, 3, B), 0), 40)
+        for cache in caches:
+            cache.rollback(keep)
+        assert (caches[0].mask.sum(axis=1) == caches[1].mask.sum(axis=1)).all()
+    assert caches[0].compactions > 0 and compared > 1000
+    assert worst < 1e-4, worst
+
+
+def test_graph_replay_gives_the_tokens_of_rebinding_runs(gpu, rebinding):
+    """Decoder level, graph replay vs rebinding: greedy chains and sampled tokens identical but for float
+    near-ties (a flipped argmax changes the rest of that request)."""
+    from specsample_cupy.sessions import DecoderSession
+    assert type(rebinding.target) is DecoderSession and rebinding.cuda_graphs["target"] == "off"
+    for kwargs in (dict(max_new_tokens=90, gamma=5, method="greedy"),
+                   dict(max_new_tokens=32, gamma=4, method="exact", temperature=0.9, seed=7)):
+        out = gpu.generate(PROMPTS * 4, **kwargs)
+        same = np.mean([x == y for x, y in zip(out.token_ids, rebinding.generate(PROMPTS * 4, **kwargs).token_ids)])
+        assert same >= 0.75, (kwargs["method"], same)
+        if kwargs["method"] == "greedy":
+            assert out.stats["kv_compactions"] > 0, "the long run should fill the static cache at least once"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specsample_cupy.sessions import ModelSpec, array_module
+from specsample_cupy.sessions import ModelSpec, array_module, overlay_ids
 from specsample_cupy.tasks.datasets import DataError
 from specsample_cupy.tasks.whisper_config import WhisperSpec, load_whisper_spec
 
@@ -240,13 +240,13 @@ class WhisperDecoderSession:
         zeros = self.xp.zeros((batch, m.n_heads, 1, m.head_dim), m.kv_dtype)
         return [zeros] * 4
 
-    def forward(self, cache: WhisperCache, input_ids, new_mask, positions):
+    def forward(self, cache: WhisperCache, input_ids, new_mask, positions, device_ids=None):
         xp, m = self.xp, self.model
         new_mask = np.asarray(new_mask, bool)
         if not new_mask.all():
             raise ValueError("Whisper's merged decoder has no attention mask, so every fed column must be "
                              "a real token of every row (decode one utterance per batch)")
-        ids = xp.ascontiguousarray(xp.asarray(input_ids), dtype=xp.int64)
+        ids = overlay_ids(xp.array(input_ids, dtype=xp.int64), device_ids)
         steps = ids.shape[1]
         if cache.length + steps > m.spec.max_target_positions:
             raise ValueError(f"decoder length {cache.length + steps} exceeds the model's "

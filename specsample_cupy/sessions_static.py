@@ -1,0 +1,236 @@
+"""Decoder runs with fixed bindings, captured as CUDA graphs by ONNX Runtime (device="cuda").
+
+A run whose inputs and outputs keep their shapes and addresses can be captured once and replayed:
+ONNX Runtime then enqueues the whole model with one graph launch, about 15 µs of host time instead
+of 0.7-1.1 ms for the embedded pair (benchmarks/ort_static_binding.py). The shapes stay fixed when
+the past is always the cache's full capacity C, its unused slots masked:
+
+    past_key_values.*  [B, H, C, D]      the cache buffer itself (one buffer, never swapped)
+    attention_mask     [B, C + S]        the cache's slot mask, then the S new columns'
+    present.*          [B, H, C + S, D]  a scratch buffer; after the run its last S columns are
+                                         copied to the cache's first free slot (one 2-D copy)
+
+Attention over masked slots gives them exactly zero weight, and keys carry their positions (the
+position_ids input), so where a column sits in the cache does not change the result.
+
+One binding, and one captured graph, per step count S <= MAX_GRAPH_STEPS: 1 for the draft's steps,
+gamma + 1 for the target's. The int64 feeds go from a pinned host ring to the device in one
+asynchronous copy per run. Longer runs (prefill chunks) are bound afresh and not captured.
+
+It needs a graph without CPU nodes (no shape arithmetic), as models/export_onnx.py writes: for other
+exports ONNX Runtime refuses to create a capturing session, and the decoder uses
+sessions.DecoderSession instead.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from specsample_cupy.sessions import DecoderSession, ModelSpec, run_options
+from specsample_cupy.sessions_cache import KVCache
+
+MAX_GRAPH_STEPS = 32      # runs of more columns are not captured
+CAPACITY_ROUND = 64       # capacities are rounded up so that repeated generate() calls share plans
+MAX_PLANS = 4             # (batch, capacity) plans kept per session, each with its buffers and graphs
+RING_SLOTS = 64           # pinned feed slots; a slot is reused only after its copy has completed
+
+_H2D, _D2D = 1, 3         # cudaMemcpyKind
+
+
+class StaticKVCache(KVCache):
+    """KVCache over one fixed buffer whose full capacity is the model's past: new columns are copied in
+    (commit), holes stay until the buffer is full, and compaction happens in place."""
+
+    def __init__(self, session: "StaticDecoderSession", plan: "_Plan"):
+        super().__init__(session.xp, len(session.cache_names), plan.batch, session.n_kv_heads, session.head_dim,
+                         session.kv_dtype, plan.capacity, slack=plan.capacity, stream=session.stream,
+                         buffers=[plan.cache])
+
+    def past(self):
+        return self._tensors(0, self.capacity)
+
+    def present(self, steps: int):
+        raise NotImplementedError("a static cache takes new columns through StaticDecoderSession.forward")
+
+    def advance(self, new_mask: np.ndarray):
+        self.length += new_mask.shape[1]
+        self.mask = np.concatenate([self.mask, new_mask.astype(np.int64)], axis=1)
+
+    def compact(self):
+        new_length = int(self.n_real.max(initial=0))
+        cols = np.argsort(self.mask, axis=1, kind="stable")[:, self.length - new_length:]
+        new_mask = np.take_along_axis(self.mask, cols, axis=1)
+        if not (new_length == self.length and (cols == np.arange(new_length)).all()):
+            xp = self.xp
+            with self._on_stream():
+                blocks = self._blocks(0, self.capacity)
+                rows = xp.arange(self.batch)[:, None]
+                gathered = blocks[:, rows, :, xp.asarray(cols)].transpose(2, 0, 3, 1, 4)   # a copy
+                blocks[:, :, :, :new_length] = gathered
+            self.compactions += 1
+        self.length, self.mask = new_length, new_mask
+
+
+class _PinnedRing:
+    """Page-locked host slots for the per-run feeds, so their copies are truly asynchronous."""
+
+    def __init__(self, slot_elems: int):
+        import cupy
+        self.slot_elems = slot_elems
+        memory = cupy.cuda.alloc_pinned_memory(slot_elems * RING_SLOTS * 8)
+        self.array = np.frombuffer(memory, np.int64, slot_elems * RING_SLOTS)
+        self._memory = memory
+        self._events = [None] * RING_SLOTS
+        self._next = 0
+
+    def take(self, n: int):
+        """(slot index, int64 host view of n elements) whose previous copy has finished."""
+        i = self._next
+        self._next = (i + 1) % RING_SLOTS
+        if self._events[i] is not None:
+            self._events[i].synchronize()
+        return i, self.array[i * self.slot_elems:i * self.slot_elems + n]
+
+    def copied(self, i: int, stream):
+        self._events[i] = stream.record()
+
+
+class _Step:
+    """Buffers and IOBinding of runs with S new columns, bound once; graph_id -1 means not captured."""
+
+    def __init__(self, session: "StaticDecoderSession", plan: "_Plan", steps: int, graph_id: int, scratch):
+        import cupy
+        B, C, S = plan.batch, plan.capacity, steps
+        self.steps, self.graph_id = S, graph_id
+        self.feed = cupy.empty(2 * B * S + B * (C + S), cupy.int64)   # ids | positions | mask
+        self.ids = self.feed[:B * S].reshape(B, S)
+        self.logits = cupy.empty((B, S, session.vocab_size), session.logits_dtype)
+        n, H, D = len(session.cache_names), session.n_kv_heads, session.head_dim
+        # The present outputs packed back to back: [n * B * H, C + S, D] rows for the commit copy.
+        self.present = scratch[:n * B * H * (C + S) * D].reshape(n, B, H, C + S, D)
+        self.options = run_options("cuda", graph_id)
+        self.binding = session.session.io_binding()
+        views = {"input_ids": self.ids, "position_ids": self.feed[B * S:2 * B * S].reshape(B, S),
+                 "attention_mask": self.feed[2 * B * S:].reshape(B, C + S)}
+        for name, array in views.items():
+            self._bind(self.binding.bind_input, session, name, array)
+        past = plan.cache.reshape(n, B, H, C, D)
+        for t, (past_name, present_name) in enumerate(session.cache_names):
+            self._bind(self.binding.bind_input, session, past_name, past[t])
+            self._bind(self.binding.bind_output, session, present_name, self.present[t])
+        self._bind(self.binding.bind_output, session, "logits", self.logits)
+
+    @staticmethod
+    def _bind(bind, session, name, array):
+        bind(name, "cuda", session.device_id, array.dtype.type, array.shape, array.data.ptr)
+
+
+class _Plan:
+    """Everything fixed for one (batch, capacity): the cache buffer, the present scratch, the feed ring
+    and the per-S bindings."""
+
+    def __init__(self, session: "StaticDecoderSession", batch: int, capacity: int):
+        import cupy
+        self.batch, self.capacity = batch, capacity
+        n, H, D = len(session.cache_names), session.n_kv_heads, session.head_dim
+        with session.on_stream():
+            self.cache = cupy.zeros((n, batch * H * capacity * D), session.kv_dtype)
+            self.scratch = cupy.empty(n * batch * H * (capacity + MAX_GRAPH_STEPS) * D, session.kv_dtype)
+        self.ring = _PinnedRing(2 * batch * MAX_GRAPH_STEPS + batch * (capacity + MAX_GRAPH_STEPS))
+        self.steps: dict[int, _Step] = {}
+
+
+class StaticDecoderSession(DecoderSession):
+    """DecoderSession on CUDA with fixed bindings and CUDA-graph replay (see the module docstring).
+
+    Raises ValueError for models it cannot run this way (no position_ids input, a use_cache_branch
+    input) and onnxruntime's error when the graph cannot be captured (nodes on the CPU).
+    """
+
+    def __init__(self, spec: ModelSpec, device: str, stream, device_id: int = 0):
+        if device != "cuda":
+            raise ValueError("StaticDecoderSession runs on device='cuda' only")
+        super().__init__(spec, device, stream, device_id, cuda_graph=True)
+        if not self.has_position_ids or self.has_cache_branch:
+            raise ValueError(f"{spec.onnx_path}: static cache runs need position_ids and no use_cache_branch")
+        self._plans: dict[tuple[int, int], _Plan] = {}
+        self._graph_ids = itertools.count(1)   # unique per binding: a graph replays its capture's addresses
+        self._plan = None
+        self.graph_steps = 0                   # runs replayed or captured as CUDA graphs
+
+    def new_cache(self, batch: int, capacity: int, slack: int = 32) -> StaticKVCache:
+        capacity = -(-int(capacity) // CAPACITY_ROUND) * CAPACITY_ROUND
+        key = (batch, capacity)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.pop(next(iter(self._plans)))
+            plan = self._plans[key] = _Plan(self, batch, capacity)
+        self._plan = plan
+        return StaticKVCache(self, plan)
+
+    def _step(self, steps: int) -> _Step:
+        plan = self._plan
+        step = plan.steps.get(steps)
+        if step is None:
+            if steps <= MAX_GRAPH_STEPS:
+                step = plan.steps[steps] = _Step(self, plan, steps, next(self._graph_ids), plan.scratch)
+            else:   # a prefill chunk: its own scratch, not captured, not kept
+                import cupy
+                n, H, D = len(self.cache_names), self.n_kv_heads, self.head_dim
+                scratch = cupy.empty(n * plan.batch * H * (plan.capacity + steps) * D, self.kv_dtype)
+                step = _Step(self, plan, steps, -1, scratch)
+        return step
+
+    def forward(self, cache: StaticKVCache, input_ids: np.ndarray, new_mask: np.ndarray, positions: np.ndarray,
+                device_ids=None):
+        """As DecoderSession.forward (same arguments and result)."""
+        import cupy
+        batch, S = new_mask.shape
+        cache.make_room(S)
+        C, length = cache.capacity, cache.length
+        step = self._step(S)
+        plan, stream = self._plan, self.stream
+        n_feed = step.feed.size
+        limit = (self.spec.context_length or np.iinfo(np.int64).max) - 1
+        with self.on_stream():
+            if n_feed <= plan.ring.slot_elems:
+                slot, host = plan.ring.take(n_feed)
+            else:
+                slot, host = None, np.empty(n_feed, np.int64)
+            host[:batch * S] = np.asarray(input_ids).ravel()
+            host[batch * S:2 * batch * S] = np.clip(positions, 0, limit).ravel()
+            mask = host[2 * batch * S:].reshape(batch, C + S)
+            mask[:, :length] = cache.mask
+            mask[:, length:C] = 0
+            mask[:, C:] = new_mask
+            cupy.cuda.runtime.memcpyAsync(step.feed.data.ptr, host.ctypes.data, host.nbytes, _H2D, stream.ptr)
+            if slot is None:
+                stream.synchronize()   # the pageable host array goes out of scope
+            else:
+                plan.ring.copied(slot, stream)
+            if device_ids is not None and device_ids.shape[1]:
+                step.ids[:, S - device_ids.shape[1]:] = device_ids
+            self._run(step)
+            # The new columns' keys/values: rows of S*D elements, from pitch (C+S)*D to pitch C*D.
+            item = np.dtype(self.kv_dtype).itemsize
+            D = self.head_dim
+            cupy.cuda.runtime.memcpy2DAsync(
+                plan.cache.data.ptr + length * D * item, C * D * item,
+                step.present.data.ptr + C * D * item, (C + S) * D * item,
+                S * D * item, step.present.shape[0] * batch * self.n_kv_heads, _D2D, stream.ptr)
+            self._keep_alive = (step,)
+        cache.advance(new_mask)
+        return step.logits
+
+    def last_binding(self):
+        step = self._keep_alive[0]
+        return step.binding, step.logits
+
+    def _run(self, step: _Step):
+        import time
+        started = time.perf_counter()
+        self.session.run_with_iobinding(step.binding, step.options)
+        self.run_host_s += time.perf_counter() - started
+        self.graph_steps += step.graph_id >= 0
