@@ -8,6 +8,7 @@ device-to-host read of a round is verify()'s few integers per request.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import time
 import warnings
@@ -268,9 +269,11 @@ class SpeculativeDecoder:
 
         Returns GenerationOutput(texts, token_ids, stats); stats holds rounds, proposed, accepted,
         acceptance_rate (accepted / proposed drafts), mean_accepted_per_round (per request),
-        generated_tokens, tokens_per_s, verify_time_per_round_s, model_time_s (draft and target runs),
-        wall_s, host_overhead_per_round_s (wall time outside model runs and verify, per round) and
-        sampling_time_s (the draft's and target-only sampling, part of that overhead).
+        generated_tokens, tokens_per_s, verify_time_per_round_s, model_time_s (draft and target runs:
+        on CUDA the GPU time between events around each ONNX Runtime run call alone),
+        wall_s, host_overhead_per_round_s (wall time outside model runs and verify, per round: feeds,
+        cache commits, sampling, bookkeeping and every GPU idle gap), sampling_time_s (the draft's and
+        target-only sampling, part of that overhead) and read_wait_per_round_s.
         """
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -312,6 +315,10 @@ class SpeculativeDecoder:
         offsets = itertools.count()   # a fresh Philox offset for every sampling call of this generation
         totals = {"rounds": 0, "proposed": 0, "accepted": 0, "request_rounds": 0}
 
+        # Model time is the GPU time of the model runs alone: each session wraps its run call in this
+        # span, so feeds, cache commits, sampling and idle gaps all count as overhead.
+        for session in sessions:
+            session.run_span = functools.partial(clock.span, "model")
         with self._on_stream():
             target_cache = self.target.new_cache(req.batch, capacity, kv_slack)
             self._prefill(self.target, target_cache, req, clock)
@@ -340,6 +347,8 @@ class SpeculativeDecoder:
                     for b in np.flatnonzero(n_new):
                         on_tokens(int(b), req.seq[b, req.seq_len[b] - n_new[b]:req.seq_len[b]].tolist())
             model_s, verify_s, sampling_s = (clock.seconds(k) for k in ("model", "verify", "sampling"))
+        for session in sessions:
+            session.run_span = None
 
         token_ids = [req.generated(b) for b in range(req.batch)]
         texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in token_ids]
@@ -375,8 +384,7 @@ class SpeculativeDecoder:
             ids, mask, positions = req.columns(cache.n_real, upto, rows=upto > cache.n_real)
             if not mask.any():
                 return
-            with clock.span("model"):
-                session.forward(cache, ids, mask, positions)
+            session.forward(cache, ids, mask, positions)
 
     def _speculative_round(self, req, target_cache, draft_cache, draft_tokens_buf, draft_logits_buf, gamma,
                            method, temperature, seed, offsets, clock):
@@ -388,6 +396,8 @@ class SpeculativeDecoder:
         draft_tokens = draft_tokens_buf[:batch * gamma].reshape(batch, gamma)
         draft_logits = draft_logits_buf[:batch * gamma * vocab].reshape(batch, gamma, vocab)
         no_ids = np.zeros((batch, 1), np.int64)   # placeholders for ids that come from the device
+        # The sampler's output, reused: each result is copied into draft_tokens before the next call.
+        sample_out = xp.empty(4 * batch, np.int32) if xp is not np else None
 
         # 1. The draft proposes gamma tokens, one run each. Its first run catches up on the tokens it has not
         #    seen: the last emitted one and, after a fully accepted round, the last draft token too.
@@ -398,21 +408,19 @@ class SpeculativeDecoder:
             else:
                 ids, mask, positions = no_ids, (i < draft_len)[:, None], (req.seq_len + i - 1)[:, None]
                 on_device = draft_tokens[:, i - 1:i]
-            with clock.span("model"):
-                logits = self.draft.forward(draft_cache, ids, mask, positions, on_device)[:, -1]
+            logits = self.draft.forward(draft_cache, ids, mask, positions, on_device)[:, -1]
             _put_column(draft_logits, i, logits)
             with clock.span("sampling"):
-                _put_column(draft_tokens, i,
-                            sample_tokens(logits, temperature=temperature, seed=seed, offset=next(offsets)))
+                _put_column(draft_tokens, i, sample_tokens(logits, temperature=temperature, seed=seed,
+                                                           offset=next(offsets), _out=sample_out))
 
         # 2. The target scores gamma+1 positions in one run: the last emitted token, then the drafts.
         ids = np.zeros((batch, gamma + 1), np.int64)
         ids[:, 0] = req.last_tokens()
         column = np.arange(gamma + 1)[None, :]
         mask = (column <= draft_len[:, None]) & ~req.finished[:, None]
-        with clock.span("model"):
-            target_logits = self.target.forward(target_cache, ids, mask, req.seq_len[:, None] - 1 + column,
-                                                draft_tokens)
+        target_logits = self.target.forward(target_cache, ids, mask, req.seq_len[:, None] - 1 + column,
+                                            draft_tokens)
 
         # 3. Verify: accept a prefix of each request's drafts, then sample the corrected (or bonus) token.
         lengths = self._upload(draft_len.astype(np.int32))   # before the span: it times verify() alone
@@ -434,8 +442,7 @@ class SpeculativeDecoder:
     def _target_step(self, req, target_cache, temperature, seed, offsets, clock):
         """Target-only decoding (the reference): one run, one sampled token per request."""
         ids, mask, positions = req.columns(target_cache.n_real, req.seq_len, rows=~req.finished)
-        with clock.span("model"):
-            logits = self.target.forward(target_cache, ids, mask, positions)[:, -1]
+        logits = self.target.forward(target_cache, ids, mask, positions)[:, -1]
         with clock.span("sampling"):
             tokens = sample_tokens(logits, temperature=temperature, seed=seed, offset=next(offsets))
         n_new = req.append(_to_host(tokens)[:, None], np.ones(req.batch, np.int64))

@@ -76,8 +76,10 @@ def _resident_blocks(device_id, name):
 def _sweeps_per_item(total_sweeps, capacity, max_sweeps):
     """Sweeps (THREADS * VEC elements) per work item: few enough items to fit one wave of the
     grid when the problem is small (latency: every load in flight at once), as much work per
-    item as allowed when it is large (each item pays a fence, an atomic and a few barriers)."""
-    return max(1, min(max_sweeps, -(-total_sweeps // capacity)))
+    item as allowed when it is large (each item pays a fence, an atomic and a few barriers).
+    SPECSAMPLE_MIN_SWEEPS (tuning) sets a floor: fewer, longer items and so fewer atomics."""
+    floor = int(os.environ.get("SPECSAMPLE_MIN_SWEEPS", "1"))
+    return max(floor, min(max_sweeps, -(-total_sweeps // capacity)))
 
 
 class _Plan:
@@ -138,9 +140,10 @@ def _ptr(a):
 
 
 def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scalar, seed, offset,
-           mode, sigmoid_offset, sigmoid_scale, race_purpose):
+           mode, sigmoid_offset, sigmoid_scale, race_purpose, out=None):
     """Enqueue the verification kernel on the current stream. Returns the int32 output buffer
-    [accepted B | emitted B | error B | tokens B*(G+1)]."""
+    [accepted B | emitted B | error B | tokens B*(G+1)]: `out` when given (a caller that reuses one
+    buffer must have consumed the previous result in stream order), else a new array."""
     import cupy
     B, G1, V = target.shape
     tag = _DTYPE_TAG[dtype_name]
@@ -155,7 +158,8 @@ def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scal
         if len(_plans) > 256:
             _plans.clear()
         plan = _plans[key] = _Plan(B, G1 - 1, V, tag, _TOKEN_TYPE[draft_tokens.dtype.name], vec, mode, key[7])
-    out = cupy.empty(plan.out_size, dtype=cupy.int32)
+    if out is None or out.size != plan.out_size:
+        out = cupy.empty(plan.out_size, dtype=cupy.int32)
     seed_dev = isinstance(seed, cupy.ndarray)
     offset_dev = isinstance(offset, cupy.ndarray)
     plan(stream, (draft_tokens.data.ptr, draft_ptr, target_ptr, _ptr(lengths), _ptr(temps), float(temp_scalar or 0.0),

@@ -13,11 +13,13 @@ from specsample_cupy.verify import verify
 _NO_DRAFTS = {}
 
 
-def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, logits_dtype=None):
+def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, logits_dtype=None, _out=None):
     """Sample ids from logits [B, V] (NumPy or CuPy, float32/float16/bfloat16).
 
     temperature: scalar or [B]; 0 takes the argmax (first index on ties).
     Returns [B] int32 of the input's module; on CuPy, rows with NaN/+Inf logits give -1.
+    (_out: the decoder's reused int32 buffer of 4B elements for the fast path; the result is a view
+    of it that the next call overwrites.)
     """
     if logits.ndim != 2:
         raise ValueError(f"logits must be [B, V], got shape {logits.shape}")
@@ -26,7 +28,7 @@ def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, logits_dtype=Non
     if (module == "cupy" and logits.dtype.char in "fe" and logits.flags.c_contiguous and logits_dtype is None
             and isinstance(temperature, (float, int, Real)) and 0 <= temperature < float("inf")
             and isinstance(seed, int) and isinstance(offset, int)):
-        return _sample_on_gpu(logits, float(temperature), seed, offset)
+        return _sample_on_gpu(logits, float(temperature), seed, offset, _out)
     xp = np if module == "numpy" else __import__(module)
     res = verify(xp.zeros((B, 0), xp.int32), xp.empty((B, 0, V), logits.dtype), logits[:, None, :],
                  temperature=temperature, seed=seed, offset=offset, logits_dtype=logits_dtype,
@@ -34,7 +36,7 @@ def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, logits_dtype=Non
     return res.tokens[:, 0]
 
 
-def _sample_on_gpu(logits, temperature, seed, offset):
+def _sample_on_gpu(logits, temperature, seed, offset, out=None):
     """The same kernel launch as verify(), without its general validation: the draft samples once
     per proposed token, so this path is on the decoder's critical path."""
     import cupy
@@ -48,5 +50,5 @@ def _sample_on_gpu(logits, temperature, seed, offset):
     out = kernels.launch(no_drafts, rows, rows, dtype_name="float32" if logits.dtype.char == "f" else "float16",
                          lengths=None, temps=None, temp_scalar=temperature, seed=seed, offset=offset,
                          mode=kernels.MODE_LOGITS, sigmoid_offset=0.0, sigmoid_scale=1.0,
-                         race_purpose=PURPOSE_SAMPLE)
+                         race_purpose=PURPOSE_SAMPLE, out=out)
     return out[3 * B:]

@@ -206,6 +206,7 @@ class DecoderSession:
         self._logits_buffer = None
         self._keep_alive = ()
         self.run_host_s = 0.0   # host time inside ONNX Runtime's run calls, summed
+        self.run_span = None    # optional: () -> context manager wrapped around each run call (timing)
 
     def _read_graph(self):
         path = self.spec.onnx_path
@@ -276,6 +277,12 @@ class DecoderSession:
             self._logits_buffer = self.xp.empty(size, self.logits_dtype)
         return self._logits_buffer[:size].reshape(batch, steps, self.vocab_size)
 
+    def _run(self, binding, options):
+        started = time.perf_counter()
+        with self.run_span() if self.run_span else contextlib.nullcontext():
+            self.session.run_with_iobinding(binding, options)
+        self.run_host_s += time.perf_counter() - started
+
     def last_binding(self):
         """(IOBinding, logits array) of the latest run: what ONNX Runtime was told to write."""
         return self._binding, self._logits_buffer
@@ -326,9 +333,7 @@ class DecoderSession:
                 self._bind_output(present_name, present_tensor)
             logits = self._logits_view(batch, steps)
             self._bind_output("logits", logits)
-            started = time.perf_counter()
-            self.session.run_with_iobinding(self._binding, self._run_options)
-            self.run_host_s += time.perf_counter() - started
+            self._run(self._binding, self._run_options)
             # The run may still be reading these on the stream; later allocations are ordered after it,
             # but keep them referenced until the next call all the same.
             self._keep_alive = tuple(feeds.values())

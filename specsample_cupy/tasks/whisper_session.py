@@ -14,6 +14,7 @@ ONNX Runtime's IO binding; on ``device="cpu"`` they are NumPy arrays.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -219,6 +220,7 @@ class WhisperDecoderSession:
         self._suppress = self.xp.asarray([t for t in spec.suppress_tokens if t < self.vocab_size], np.int64)
         self._begin = self.xp.asarray([t for t in spec.begin_suppress_tokens if t < self.vocab_size], np.int64)
         self._cache_position = "cache_position" in model.decoder.inputs
+        self.run_span = None   # set by the decoder's loop: a context manager around each run (timing)
 
     @property
     def run_host_s(self) -> float:
@@ -270,7 +272,8 @@ class WhisperDecoderSession:
         # In the cache branch the encoder presents are empty placeholders: not worth binding.
         skip = () if first else tuple(f"present.{i}.encoder.{k}" for i in range(m.n_layers)
                                       for k in ("key", "value"))
-        out = m.decoder.run(feeds, skip_outputs=skip)
+        with self.run_span() if self.run_span else contextlib.nullcontext():
+            out = m.decoder.run(feeds, skip_outputs=skip)
         cache.self_kv = [out[f"present.{i}.decoder.{k}"] for i in range(m.n_layers) for k in ("key", "value")]
         if first:
             cache.cross_kv = [out[f"present.{i}.encoder.{k}"] for i in range(m.n_layers)
