@@ -85,6 +85,7 @@ class _Requests:
         self.budget = budgets.astype(np.int64)
         self.finished = self.budget <= 0
         self.pad_id, self.eos_ids = pad_id, np.array(sorted(eos_ids), np.int64)
+        self._eos_set = {int(t) for t in eos_ids}
 
     @property
     def remaining(self) -> np.ndarray:
@@ -107,6 +108,8 @@ class _Requests:
     def append(self, tokens: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Append the first counts[b] of tokens[b] to unfinished rows, stopping after an EOS or at the budget.
         Returns how many tokens each row took."""
+        if self.batch <= 16:
+            return self._append_rows(tokens, counts)
         k = np.arange(tokens.shape[1])[None, :]
         valid = (k < np.where(self.finished, 0, counts)[:, None])
         is_eos = valid & np.isin(tokens, self.eos_ids)
@@ -117,6 +120,26 @@ class _Requests:
         self.seq[rows, self.seq_len[rows] + cols] = tokens[rows, cols]
         self.seq_len += n_new
         self.finished |= (is_eos & take).any(axis=1) | (self.remaining <= 0)
+        return n_new
+
+    def _append_rows(self, tokens: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """append() one row at a time: for a few rows, plain Python beats a dozen NumPy calls (this runs
+        between a round's read and the next round's first launch, while the GPU waits)."""
+        eos = self._eos_set
+        remaining = (self.budget - (self.seq_len - self.prompt_len)).tolist()
+        n_new = np.zeros(self.batch, np.int64)
+        for b, count in enumerate(np.asarray(counts).tolist()):
+            if self.finished[b]:
+                continue
+            row = tokens[b, :max(min(count, remaining[b]), 0)].tolist()
+            n = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))
+            if n:
+                start = int(self.seq_len[b])
+                self.seq[b, start:start + n] = row[:n]
+                self.seq_len[b] += n
+                n_new[b] = n
+            if (n and row[n - 1] in eos) or remaining[b] - n <= 0:
+                self.finished[b] = True
         return n_new
 
     def generated(self, b: int) -> list[int]:

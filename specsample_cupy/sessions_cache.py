@@ -91,9 +91,11 @@ class KVCache:
 
     def rollback(self, keep: np.ndarray):
         """Keep the first keep[b] real tokens of each row (no-op for rows holding fewer)."""
-        keep = np.minimum(self.n_real, np.asarray(keep))
-        self.mask = self.mask * (np.cumsum(self.mask, axis=1) <= keep[:, None])
-        if self.length - int(self.n_real.max(initial=0)) > self.slack:
+        n_real = self.n_real
+        keep = np.minimum(n_real, np.asarray(keep))
+        if (keep < n_real).any():
+            self.mask = self.mask * (np.cumsum(self.mask, axis=1) <= keep[:, None])
+        if self.length - int(keep.max(initial=0)) > self.slack:
             self.compact()
 
     def compact(self):
