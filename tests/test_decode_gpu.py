@@ -144,3 +144,18 @@ def test_graph_replay_gives_the_tokens_of_rebinding_runs(gpu, rebinding):
         assert same >= 0.75, (kwargs["method"], same)
         if kwargs["method"] == "greedy":
             assert out.stats["kv_compactions"] > 0, "the long run should fill the static cache at least once"
+
+
+def test_widen_ids_kernel_against_numpy():
+    """kernels_cu/feeds.cu: int32 ids at any row pitch into int64 columns; negative ids feed as 0."""
+    import cupy
+    from specsample_cupy.sessions_static import _widen_ids
+    rng = np.random.default_rng(11)
+    src_full = rng.integers(-2, 50, (5, 9)).astype(np.int32)
+    dst_full = np.full((5, 7), 99, np.int64)
+    src, dst = cupy.asarray(src_full), cupy.asarray(dst_full)
+    stream = cupy.cuda.get_current_stream()
+    _widen_ids(0)(src[:, 2:6], dst[:, 3:7], 48, stream)
+    expected = dst_full.copy()
+    expected[:, 3:7] = np.clip(src_full[:, 2:6], 0, 47)
+    assert (dst.get() == expected).all()
