@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device session's checks and measurements: GPU tests (the summarization eval with carried
-# wheels), decode benchmarks with and without CUDA graphs, and a B = 1 item-size sweep of the
+# One device session's checks and measurements: GPU tests (-k "$PYTEST_K", default all but the
+# ASR evaluation; the evaluations need the wheels carried in .whl/), decode benchmarks with and
+# without CUDA graphs (skipped with NO_BENCH=1), and with SWEEP=1 a B = 1 item-size sweep of the
 # verification kernel. GPU machine, after .device/setup-gpu.sh. Usage: bash benchmarks/device_session.sh OUT
 out=${1:?outdir}
 export PYTHONUNBUFFERED=1
@@ -10,9 +11,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 timeout 420 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests -k "${PYTEST_K:-not eval_asr}" > "$out/pytest_gpu.txt" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest_gpu.txt" | cut -c1-300
-for g in --cuda-graphs --no-cuda-graphs; do
+[ -z "$NO_BENCH" ] && for g in --cuda-graphs --no-cuda-graphs; do
   timeout 240 python3 cli.py bench decode --device cuda $g --json "$out/bench_decode$g.json" 2>&1 | grep -v "plugin EP" | tail -7
 done
-for s in 1 8 16 32; do
+[ -n "$SWEEP" ] && for s in 1 8 16 32; do
   SPECSAMPLE_MIN_SWEEPS=$s timeout 100 python3 benchmarks/ab_kernel.py 2>&1 | tail -1 | sed "s/^/min sweeps $s: /"
 done
