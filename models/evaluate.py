@@ -1,6 +1,6 @@
 """Measure the shipped stdlib-code pair on the held-out stdlib files.
 
-    python -m models.evaluate [--pair models/stdlib-code] [--max-tokens N]
+    python -m models.evaluate [--pair models/stdlib-code] [--draft DIR] [--max-tokens N]
 
 Runs the exported ONNX files with ONNX Runtime (so the numbers describe
 what ships) over the held-out files (see ``models.stdlib_corpus``), joined
@@ -59,11 +59,12 @@ def _log_softmax(x):
 
 
 def evaluate_pair(pair_dir: str, *, max_tokens: int | None = None, gamma: int = 4,
-                  batch: int = 8, threads: int = 0) -> dict:
+                  batch: int = 8, threads: int = 0, draft_dir: str | None = None) -> dict:
+    """``draft_dir`` replaces ``pair_dir/draft`` (to measure a candidate draft)."""
     from tokenizers import Tokenizer
 
     target = OrtDecoder(os.path.join(pair_dir, "target"), threads=threads)
-    draft = OrtDecoder(os.path.join(pair_dir, "draft"), threads=threads)
+    draft = OrtDecoder(draft_dir or os.path.join(pair_dir, "draft"), threads=threads)
     tok = Tokenizer.from_file(os.path.join(pair_dir, "target", "tokenizer.json"))
     eos = tok.token_to_id(EOS_TOKEN)
     stream, n_bytes = heldout_stream(tok)
@@ -134,12 +135,14 @@ def markdown(res: dict) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", default=DEFAULT_PAIR, help="folder holding target/ and draft/")
+    ap.add_argument("--draft", help="draft folder to use instead of PAIR/draft")
     ap.add_argument("--max-tokens", type=int, default=None, help="evaluate a prefix only")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", help="also write the numbers to this file")
     a = ap.parse_args(argv)
-    res = evaluate_pair(a.pair, max_tokens=a.max_tokens, gamma=a.gamma, threads=a.threads)
+    res = evaluate_pair(a.pair, max_tokens=a.max_tokens, gamma=a.gamma, threads=a.threads,
+                        draft_dir=a.draft)
     print(markdown(res))
     if a.json:
         with open(a.json, "w") as f:
