@@ -11,9 +11,13 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 timeout 420 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests -k "${PYTEST_K:-not eval_asr}" > "$out/pytest_gpu.txt" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest_gpu.txt" | cut -c1-300
-[ -z "$NO_BENCH" ] && for g in --cuda-graphs --no-cuda-graphs; do
-  timeout 240 python3 cli.py bench decode --device cuda $g --json "$out/bench_decode$g.json" 2>&1 | grep -v "plugin EP" | tail -7
-done
-[ -n "$SWEEP" ] && for s in 1 8 16 32; do
-  SPECSAMPLE_MIN_SWEEPS=$s timeout 100 python3 benchmarks/ab_kernel.py 2>&1 | tail -1 | sed "s/^/min sweeps $s: /"
-done
+if [ -z "$NO_BENCH" ]; then
+  for g in --cuda-graphs --no-cuda-graphs; do
+    timeout 240 python3 cli.py bench decode --device cuda $g --json "$out/bench_decode$g.json" 2>&1 | grep -v "plugin EP" | tail -7
+  done
+fi
+if [ -n "$SWEEP" ]; then
+  for s in 1 8 16 32; do
+    SPECSAMPLE_MIN_SWEEPS=$s timeout 100 python3 benchmarks/ab_kernel.py 2>&1 | tail -1 | sed "s/^/min sweeps $s: /"
+  done
+fi
