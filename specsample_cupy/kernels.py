@@ -20,8 +20,9 @@ _TOKEN_TYPE = {"int32": "int", "int64": "long long"}
 _ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2}
 
 
-def kernel_source():
-    """verify.cu with its local #include "..." lines inlined (NVRTC gets one self-contained text)."""
+def kernel_source(name="verify.cu"):
+    """A kernels_cu/ source with its local #include "..." lines inlined (NVRTC gets one self-contained
+    text)."""
     root = resources.files("kernels_cu")
 
     def inline(name, seen):
@@ -31,7 +32,7 @@ def kernel_source():
         text = root.joinpath(name).read_text()
         return re.sub(r'^#include "([^"]+)"\s*$', lambda m: inline(m.group(1), seen), text, flags=re.M)
 
-    return inline("verify.cu", set())
+    return inline(name, set())
 
 
 def name_expression(tag, token, vec, mode):

@@ -1,8 +1,11 @@
 """sample_tokens(): one token per row from softmax(logits / T), with the verifier's Philox stream.
 
-It is verify() with gamma = 0 (the bonus-token path: an exponential race over the row), keyed by
-its own purpose so it never reuses verify's random numbers for the same (seed, offset).
+It draws what verify() draws with gamma = 0 (the bonus-token path: an exponential race over the
+row), keyed by its own purpose so it never reuses verify's random numbers for the same (seed,
+offset). On CuPy, rows up to ROW_SAMPLER_MAX_V long use kernels_cu/sample_rows.cu.
 """
+import ctypes
+import functools
 from numbers import Real
 
 import numpy as np
@@ -36,12 +39,57 @@ def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, logits_dtype=Non
     return res.tokens[:, 0]
 
 
+ROW_SAMPLER_MAX_V = 32768   # rows up to this long: kernels_cu/sample_rows.cu, one block per row
+
+
+class _RowSampler:
+    """kernels_cu/sample_rows.cu through the driver with a prebuilt parameter block."""
+
+    def __init__(self, tag, vec):
+        import cupy
+        from specsample_cupy import kernels
+        name = f"sample_rows_kernel<{tag}, {vec}>"
+        module = cupy.RawModule(code=kernels.kernel_source("sample_rows.cu"), options=("--std=c++17",),
+                                name_expressions=[name])
+        self.func = module.get_function(name).kernel.ptr
+        c = ctypes
+        self.args = [c.c_void_p(), c.c_int32(), c.c_float(), c.c_uint64(), c.c_uint32(),
+                     c.c_uint32(PURPOSE_SAMPLE), c.c_void_p()]
+        self.params = (c.c_void_p * len(self.args))(*(c.cast(c.pointer(a), c.c_void_p) for a in self.args))
+        self.launch = cupy.cuda.driver.launchKernel
+
+    def __call__(self, logits, temperature, seed, offset, tokens, stream):
+        B, V = logits.shape
+        for slot, value in zip(self.args, (logits.data.ptr, V, temperature, seed & 0xFFFFFFFFFFFFFFFF,
+                                           offset & 0xFFFFFFFF)):
+            slot.value = value
+        self.args[6].value = tokens.data.ptr
+        self.launch(self.func, B, 1, 1, 256, 1, 1, 0, stream.ptr, ctypes.addressof(self.params), 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _row_sampler(device_id, tag, vec):
+    return _RowSampler(tag, vec)
+
+
 def _sample_on_gpu(logits, temperature, seed, offset, out=None):
-    """The same kernel launch as verify(), without its general validation: the draft samples once
-    per proposed token, so this path is on the decoder's critical path."""
+    """The draft samples once per proposed token, so this path is on the decoder's critical path:
+    rows up to ROW_SAMPLER_MAX_V long take one block each (one launch, no hand-off between blocks);
+    longer rows the verification kernel with gamma = 0. No general validation here."""
     import cupy
     from specsample_cupy import kernels
     B, V = logits.shape
+    if V <= ROW_SAMPLER_MAX_V:
+        tag = "f32" if logits.dtype.char == "f" else "f16"
+        vec = 16 // logits.itemsize
+        if V % vec or logits.data.ptr % 16:
+            vec = 1
+        if out is None or out.size != 4 * B:
+            out = cupy.empty(4 * B, cupy.int32)
+        tokens = out[3 * B:]
+        _row_sampler(cupy.cuda.runtime.getDevice(), tag, vec)(logits, temperature, seed, offset, tokens,
+                                                               cupy.cuda.get_current_stream())
+        return tokens
     key = (cupy.cuda.runtime.getDevice(), B)
     no_drafts = _NO_DRAFTS.get(key)
     if no_drafts is None:

@@ -115,14 +115,21 @@ def test_errors_are_flagged_per_request_without_sync():
     assert res.tokens.get()[0].tolist() == cpu.tokens[0].tolist()
 
 
-def test_sample_tokens_matches_reference():
+@pytest.mark.parametrize("V", [3000, 3001, 40000])   # one block per row (aligned, scalar); verify_kernel
+def test_sample_tokens_matches_reference(V):
     cp = _cp()
     rng = np.random.default_rng(6)
-    logits = (rng.normal(size=(256, 3000)) * 2).astype(np.float32)
-    for t in (1.0, 0.5, 0.0):
-        gpu = sample_tokens(cp.asarray(logits), temperature=t, seed=4, offset=9).get()
-        cpu = sample_tokens(logits, temperature=t, seed=4, offset=9)
-        assert (gpu == cpu).mean() >= 0.999
+    logits = (rng.normal(size=(256, V)) * 2).astype(np.float32)
+    for dtype in (np.float32, np.float16):
+        rows = logits.astype(dtype)
+        for t in (1.0, 0.5, 0.0):
+            gpu = sample_tokens(cp.asarray(rows), temperature=t, seed=4, offset=9).get()
+            cpu = sample_tokens(rows.astype(np.float32), temperature=t, seed=4, offset=9)
+            assert (gpu == cpu).mean() >= 0.995, (V, dtype, t)
+    bad = cp.asarray(logits)
+    bad[5, 7] = cp.nan
+    out = sample_tokens(bad, temperature=1.0, seed=4, offset=9).get()
+    assert out[5] == -1 and (out[:5] >= 0).all()
 
 
 def test_cuda_graph_replay_with_device_seed_and_offset():
