@@ -16,6 +16,8 @@ position_ids input), so where a column sits in the cache does not change the res
 One binding, and one captured graph, per step count S <= MAX_GRAPH_STEPS: 1 for the draft's steps,
 gamma + 1 for the target's. The int64 feeds go from a pinned host ring to the device in one
 asynchronous copy per run. Longer runs (prefill chunks) are bound afresh and not captured.
+ONNX Runtime keeps every captured graph for the session's lifetime, so buffers are planned per
+(batch, capacity rounded up to CAPACITY_ROUND) and reused by later generate() calls of that size.
 
 It needs a graph without CPU nodes (no shape arithmetic), as models/export_onnx.py writes: for other
 exports ONNX Runtime refuses to create a capturing session, and the decoder uses
