@@ -64,6 +64,19 @@ def _put_column(dst, i: int, src):
                                     src.strides[0], row, dst.shape[0], 3, cupy.cuda.get_current_stream().ptr)
 
 
+@contextlib.contextmanager
+def _timed_runs(sessions, clock):
+    """Model time is the GPU time of the model runs alone: each session wraps its run call in the
+    clock's "model" span, so feeds, cache commits, sampling and idle gaps all count as overhead."""
+    for session in sessions:
+        session.run_span = functools.partial(clock.span, "model")
+    try:
+        yield
+    finally:
+        for session in sessions:
+            session.run_span = None
+
+
 @dataclass
 class GenerationOutput:
     texts: list[str]               # generated text per prompt (special tokens skipped)
@@ -338,11 +351,7 @@ class SpeculativeDecoder:
         offsets = itertools.count()   # a fresh Philox offset for every sampling call of this generation
         totals = {"rounds": 0, "proposed": 0, "accepted": 0, "request_rounds": 0}
 
-        # Model time is the GPU time of the model runs alone: each session wraps its run call in this
-        # span, so feeds, cache commits, sampling and idle gaps all count as overhead.
-        for session in sessions:
-            session.run_span = functools.partial(clock.span, "model")
-        with self._on_stream():
+        with self._on_stream(), _timed_runs(sessions, clock):
             target_cache = self.target.new_cache(req.batch, capacity, kv_slack)
             self._prefill(self.target, target_cache, req, clock)
             if speculative:
@@ -351,12 +360,15 @@ class SpeculativeDecoder:
                 draft_tokens_buf = self.xp.zeros(req.batch * gamma_cap, np.int32)
                 draft_logits_buf = self.xp.zeros(req.batch * gamma_cap * self.target.vocab_size,
                                                  self.target.logits_dtype)
+                # The draft sampler's output, reused: each result is copied into draft_tokens before the
+                # next call (on the CPU sample_tokens allocates).
+                sample_out = self.xp.empty(4 * req.batch, np.int32) if self.stream is not None else None
             while not req.finished.all():
                 active = ~req.finished
                 if speculative:
                     draft_len, accepted, n_new = self._speculative_round(
-                        req, target_cache, draft_cache, draft_tokens_buf, draft_logits_buf, gamma, method,
-                        temperature, seed, offsets, clock)
+                        req, target_cache, draft_cache, draft_tokens_buf, draft_logits_buf, sample_out, gamma,
+                        method, temperature, seed, offsets, clock)
                     totals["proposed"] += int(draft_len.sum())
                     totals["accepted"] += int(accepted[active].sum())
                     if adaptive_gamma and (draft_len > 0).any():
@@ -370,8 +382,6 @@ class SpeculativeDecoder:
                     for b in np.flatnonzero(n_new):
                         on_tokens(int(b), req.seq[b, req.seq_len[b] - n_new[b]:req.seq_len[b]].tolist())
             model_s, verify_s, sampling_s = (clock.seconds(k) for k in ("model", "verify", "sampling"))
-        for session in sessions:
-            session.run_span = None
 
         token_ids = [req.generated(b) for b in range(req.batch)]
         texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in token_ids]
@@ -409,9 +419,9 @@ class SpeculativeDecoder:
                 return
             session.forward(cache, ids, mask, positions)
 
-    def _speculative_round(self, req, target_cache, draft_cache, draft_tokens_buf, draft_logits_buf, gamma,
-                           method, temperature, seed, offsets, clock):
-        xp, batch = self.xp, req.batch
+    def _speculative_round(self, req, target_cache, draft_cache, draft_tokens_buf, draft_logits_buf, sample_out,
+                           gamma, method, temperature, seed, offsets, clock):
+        batch = req.batch
         # A request proposes no more drafts than it may still emit beyond the round's corrected token.
         draft_len = np.where(req.finished, 0, np.minimum(gamma, req.remaining - 1))
         gamma = int(draft_len.max(initial=0))
@@ -419,8 +429,6 @@ class SpeculativeDecoder:
         draft_tokens = draft_tokens_buf[:batch * gamma].reshape(batch, gamma)
         draft_logits = draft_logits_buf[:batch * gamma * vocab].reshape(batch, gamma, vocab)
         no_ids = np.zeros((batch, 1), np.int64)   # placeholders for ids that come from the device
-        # The sampler's output, reused: each result is copied into draft_tokens before the next call.
-        sample_out = xp.empty(4 * batch, np.int32) if xp is not np else None
 
         # 1. The draft proposes gamma tokens, one run each. Its first run catches up on the tokens it has not
         #    seen: the last emitted one and, after a fully accepted round, the last draft token too.

@@ -83,6 +83,25 @@ def _sweeps_per_item(total_sweeps, capacity, max_sweeps):
     return max(floor, min(max_sweeps, -(-total_sweeps // capacity)))
 
 
+class PrebuiltLaunch:
+    """A kernel launched through the driver with a parameter block built once: a call writes the
+    values that change into their ctypes slots and launches, a few µs of host time."""
+
+    def __init__(self, func_ptr, args):
+        import cupy
+        self.func, self.args = func_ptr, args
+        self.params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
+        self._launch = cupy.cuda.driver.launchKernel
+
+    def set(self, values, start=0):
+        """Write values into the argument slots start, start + 1, ..."""
+        for slot, value in zip(self.args[start:], values):
+            slot.value = value
+
+    def __call__(self, stream, grid, block, shared_bytes=0):
+        self._launch(self.func, grid, 1, 1, block, 1, 1, shared_bytes, stream.ptr, ctypes.addressof(self.params), 0)
+
+
 class _Plan:
     """Everything about a launch that depends only on shapes, dtypes, mode, device and stream:
     the kernel, the grid, the slicing, a private workspace whose counters start (and are left by
@@ -115,22 +134,18 @@ class _Plan:
         self.grid = grid
         self.out_size = 3 * B + B * (G + 1)
         c = ctypes
-        self.args = [c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_float(),
-                     c.c_uint64(), c.c_void_p(), c.c_uint64(), c.c_void_p(), c.c_float(), c.c_float(),
-                     c.c_uint32(), *(c.c_int32(v) for v in (B, G, V, S1, C1, S2, C2, lag)),
-                     c.c_void_p(self.workspace.data.ptr), c.c_int64(counters), c.c_int64(counters + part),
-                     c.c_void_p()]
-        self.params = (c.c_void_p * len(self.args))(*(c.cast(c.pointer(a), c.c_void_p) for a in self.args))
-        self.func = self.kern.kernel.ptr
-        self.launch_kernel = cupy.cuda.driver.launchKernel
+        self.launch = PrebuiltLaunch(self.kern.kernel.ptr, [
+            c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_float(),
+            c.c_uint64(), c.c_void_p(), c.c_uint64(), c.c_void_p(), c.c_float(), c.c_float(),
+            c.c_uint32(), *(c.c_int32(v) for v in (B, G, V, S1, C1, S2, C2, lag)),
+            c.c_void_p(self.workspace.data.ptr), c.c_int64(counters), c.c_int64(counters + part),
+            c.c_void_p()])
 
     def __call__(self, stream, head, out):
         """head: the 13 leading kernel arguments (pointers as ints); out: the output array."""
-        for slot, v in zip(self.args, head):
-            slot.value = v
-        self.args[-1].value = out.data.ptr
-        self.launch_kernel(self.func, self.grid, 1, 1, THREADS, 1, 1, self.shared_bytes, stream.ptr,
-                           ctypes.addressof(self.params), 0)
+        self.launch.set(head)
+        self.launch.args[-1].value = out.data.ptr
+        self.launch(stream, self.grid, THREADS, self.shared_bytes)
 
 
 _plans = {}

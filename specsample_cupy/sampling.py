@@ -51,20 +51,16 @@ class _RowSampler:
         name = f"sample_rows_kernel<{tag}, {vec}>"
         module = cupy.RawModule(code=kernels.kernel_source("sample_rows.cu"), options=("--std=c++17",),
                                 name_expressions=[name])
-        self.func = module.get_function(name).kernel.ptr
         c = ctypes
-        self.args = [c.c_void_p(), c.c_int32(), c.c_float(), c.c_uint64(), c.c_uint32(),
-                     c.c_uint32(PURPOSE_SAMPLE), c.c_void_p()]
-        self.params = (c.c_void_p * len(self.args))(*(c.cast(c.pointer(a), c.c_void_p) for a in self.args))
-        self.launch = cupy.cuda.driver.launchKernel
+        self.launch = kernels.PrebuiltLaunch(module.get_function(name).kernel.ptr, [
+            c.c_void_p(), c.c_int32(), c.c_float(), c.c_uint64(), c.c_uint32(), c.c_uint32(PURPOSE_SAMPLE),
+            c.c_void_p()])
 
     def __call__(self, logits, temperature, seed, offset, tokens, stream):
         B, V = logits.shape
-        for slot, value in zip(self.args, (logits.data.ptr, V, temperature, seed & 0xFFFFFFFFFFFFFFFF,
-                                           offset & 0xFFFFFFFF)):
-            slot.value = value
-        self.args[6].value = tokens.data.ptr
-        self.launch(self.func, B, 1, 1, 256, 1, 1, 0, stream.ptr, ctypes.addressof(self.params), 0)
+        self.launch.set((logits.data.ptr, V, temperature, seed & 0xFFFFFFFFFFFFFFFF, offset & 0xFFFFFFFF))
+        self.launch.args[6].value = tokens.data.ptr
+        self.launch(stream, B, 256)
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
-from importlib import resources
 
 import numpy as np
 
@@ -49,21 +48,17 @@ class _WidenIds:
 
     def __init__(self):
         import cupy
-        source = resources.files("kernels_cu").joinpath("feeds.cu").read_text()
-        self.func = cupy.RawModule(code=source).get_function("widen_ids").kernel.ptr
+        from specsample_cupy import kernels
+        func = cupy.RawModule(code=kernels.kernel_source("feeds.cu")).get_function("widen_ids").kernel.ptr
         c = ctypes
-        self.args = [c.c_void_p(), c.c_int32(), c.c_void_p(), c.c_int32(), c.c_int32(), c.c_int32(), c.c_int32()]
-        self.params = (c.c_void_p * len(self.args))(*(c.cast(c.pointer(a), c.c_void_p) for a in self.args))
-        self.launch = cupy.cuda.driver.launchKernel
+        self.launch = kernels.PrebuiltLaunch(func, [c.c_void_p(), c.c_int32(), c.c_void_p(), c.c_int32(),
+                                                    c.c_int32(), c.c_int32(), c.c_int32()])
 
     def __call__(self, src, dst, vocab: int, stream):
         """dst [B, k] int64 = src [B, k] int32; both with unit column stride, any row pitch."""
         rows, cols = src.shape
-        for slot, value in zip(self.args, (src.data.ptr, src.strides[0] // 4, dst.data.ptr, dst.strides[0] // 8,
-                                           rows, cols, vocab)):
-            slot.value = value
-        self.launch(self.func, -(-(rows * cols) // 128), 1, 1, 128, 1, 1, 0, stream.ptr,
-                    ctypes.addressof(self.params), 0)
+        self.launch.set((src.data.ptr, src.strides[0] // 4, dst.data.ptr, dst.strides[0] // 8, rows, cols, vocab))
+        self.launch(stream, -(-(rows * cols) // 128), 128)
 
 
 @functools.lru_cache(maxsize=None)
