@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session's checks and measurements: GPU tests (-k "$PYTEST_K", default all but the
-# ASR evaluation; the evaluations need the wheels carried in .whl/), decode benchmarks with and
-# without CUDA graphs (skipped with NO_BENCH=1), and with SWEEP=1 a B = 1 item-size sweep of the
+# ASR evaluation; the evaluations need the wheels carried in .whl/), decode benchmarks (device
+# rounds, host rounds, no CUDA graphs) (skipped with NO_BENCH=1), and with SWEEP=1 a B = 1 item-size sweep of the
 # verification kernel. GPU machine, after .device/setup-gpu.sh. Usage: bash benchmarks/device_session.sh OUT
 out=${1:?outdir}
 export PYTHONUNBUFFERED=1
@@ -12,8 +12,9 @@ fi
 timeout 420 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider tests -k "${PYTEST_K:-not eval_asr}" > "$out/pytest_gpu.txt" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest_gpu.txt" | cut -c1-300
 if [ -z "$NO_BENCH" ]; then
-  for g in --cuda-graphs --no-cuda-graphs; do
-    timeout 240 python3 cli.py bench decode --device cuda $g --json "$out/bench_decode$g.json" 2>&1 | grep -v "plugin EP" | tail -7
+  for g in "--cuda-graphs --device-rounds" "--cuda-graphs --host-rounds" "--no-cuda-graphs"; do
+    name=$(echo $g | tr -d ' ')
+    timeout 240 python3 cli.py bench decode --device cuda $g --json "$out/bench_decode$name.json" 2>&1 | grep -v "plugin EP" | tail -7
   done
 fi
 if [ -n "$SWEEP" ]; then

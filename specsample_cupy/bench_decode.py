@@ -54,7 +54,7 @@ def run_bench(decoder, prompts, *, max_new_tokens, gamma, temperature, seed, rep
             "tokens_per_s", "acceptance_rate", "mean_accepted_per_round", "verify_time_per_round_s",
             "host_overhead_per_round_s", "loop_overhead_per_round_s", "model_run_host_s", "model_time_s",
             "sampling_time_s", "read_wait_per_round_s", "wall_s", "rounds",
-            "generated_tokens")}})
+            "generated_tokens", "device_rounds", "discarded_rounds")}})
     baseline = rows[0]["tokens_per_s"]
     for row in rows:
         row["speedup"] = row["tokens_per_s"] / baseline if baseline else 0.0
@@ -78,24 +78,27 @@ def run_bench(decoder, prompts, *, max_new_tokens, gamma, temperature, seed, rep
               help="Measured calls per method; the median one is reported.")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
               help="On CUDA: fixed bindings and CUDA-graph replay of model runs where the models allow it.")
+@click.option("--device-rounds/--host-rounds", default=True, show_default=True,
+              help="With CUDA graphs: speculative rounds' bookkeeping on the GPU, or every feed built on the host.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the results to this JSON file.")
 def bench_decode(target, draft, device, max_new_tokens, gamma, n_prompts, temperature, seed, repeats, cuda_graphs,
-                 json_path):
+                 device_rounds, json_path):
     """Tokens/s, acceptance, verify time and host overhead: target-only vs each verification method."""
     device = resolve_device(device)
-    decoder = load_decoder(target, draft, device, cuda_graphs)
+    decoder = load_decoder(target, draft, device, cuda_graphs, device_rounds)
     prompts = list(itertools.islice(itertools.cycle(DEFAULT_PROMPTS), n_prompts))
     rows = run_bench(decoder, prompts, max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature,
                      seed=seed, repeats=repeats)
     click.echo(f"device={device} batch={n_prompts} max_new_tokens={max_new_tokens} gamma={gamma} "
-               f"temperature={temperature} (greedy at 0) cuda_graphs={decoder.cuda_graphs}")
+               f"temperature={temperature} (greedy at 0) cuda_graphs={decoder.cuda_graphs} "
+               f"device_rounds={rows[1]['device_rounds']}")
     click.echo(results_table(rows))
     if json_path:
         report = {"device": device, "target": str(decoder.target_spec.model_dir),
                   "draft": str(decoder.draft_spec.model_dir), "batch": n_prompts, "max_new_tokens": max_new_tokens,
                   "gamma": gamma, "temperature": temperature, "seed": seed, "repeats": repeats,
-                  "cuda_graphs": decoder.cuda_graphs,
+                  "cuda_graphs": decoder.cuda_graphs, "device_rounds": device_rounds,
                   "results": rows}
         with open(json_path, "w") as f:
             json.dump(report, f, indent=2)

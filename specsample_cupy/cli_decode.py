@@ -50,13 +50,14 @@ class TextStream:
         self.printed = len(text)
 
 
-def load_decoder(target, draft, device, cuda_graphs=True):
+def load_decoder(target, draft, device, cuda_graphs=True, device_rounds=True):
     from specsample_cupy.decoder import SpeculativeDecoder
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)   # the device choice was reported already
-            return SpeculativeDecoder(target, draft, device=device, cuda_graphs=cuda_graphs)
+            return SpeculativeDecoder(target, draft, device=device, cuda_graphs=cuda_graphs,
+                                      device_rounds=device_rounds)
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from e
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specsample_cupy import errors
+from specsample_cupy import decode_device, errors
 from specsample_cupy.sampling import sample_tokens
 from specsample_cupy.sessions import DecoderSession, ModelSpec, array_module, check_pair, cuda_available
 from specsample_cupy.sessions_static import StaticDecoderSession
@@ -155,6 +155,16 @@ class _Requests:
                 self.finished[b] = True
         return n_new
 
+    def take(self, tokens: np.ndarray, taken: np.ndarray, finished: np.ndarray) -> np.ndarray:
+        """Apply decisions made elsewhere (decode_device's round_done, which follows append()'s rules):
+        row b takes tokens[b, :taken[b]]; `finished` is the new finished flags."""
+        for b in np.flatnonzero(taken):
+            start, n = int(self.seq_len[b]), int(taken[b])
+            self.seq[b, start:start + n] = tokens[b, :n]
+        self.seq_len += taken
+        self.finished = np.asarray(finished, bool).copy()
+        return taken
+
     def generated(self, b: int) -> list[int]:
         return self.seq[b, self.prompt_len[b]:self.seq_len[b]].tolist()
 
@@ -211,6 +221,8 @@ class SpeculativeDecoder:
         cuda_graphs: on CUDA, run each model with fixed bindings over a full-capacity cache and let ONNX
             Runtime replay its runs as CUDA graphs (sessions_static) when the model allows it (a graph
             without CPU nodes, a position_ids input); other models, or False, rebind every run.
+        device_rounds: with CUDA graphs, keep the speculative rounds' bookkeeping on the GPU
+            (decode_device) where the pair allows it; False builds every feed on the host.
 
     Raises ValueError when the pair is incompatible (vocabulary or tokenizer differ) or a model is not a
     decoder-with-past export.
@@ -222,7 +234,8 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target=None, draft=None, device: str | None = None, *, kv_slack: int = 32,
-                 prefill_chunk: int = 256, device_id: int = 0, cuda_graphs: bool = True):
+                 prefill_chunk: int = 256, device_id: int = 0, cuda_graphs: bool = True,
+                 device_rounds: bool = True):
         self.target_spec = ModelSpec.from_dir(target if target is not None else default_model_dir("target"))
         self.draft_spec = ModelSpec.from_dir(draft if draft is not None else default_model_dir("draft"))
         check_pair(self.target_spec, self.draft_spec)
@@ -233,6 +246,7 @@ class SpeculativeDecoder:
         contexts = [c for c in (self.target_spec.context_length, self.draft_spec.context_length) if c]
         self.context_length = min(contexts) if contexts else None
         self.kv_slack, self.prefill_chunk = kv_slack, prefill_chunk
+        self.device_rounds = device_rounds
 
     def _on_stream(self):
         return self.stream if self.stream is not None else contextlib.nullcontext()
@@ -281,6 +295,7 @@ class SpeculativeDecoder:
         self.xp = array_module(self.device)
         self.cuda_graphs = {}   # role -> True, or why the model runs without CUDA graphs
         self._events, self._staging, self._read_wait_s = [], None, 0.0   # the loop's reusable pieces
+        self._round_buffers = {}   # decode_device's buffers and launches, per shape
         self.stream = None
         if self.device == "cuda":
             import cupy
@@ -307,9 +322,11 @@ class SpeculativeDecoder:
         acceptance_rate (accepted / proposed drafts), mean_accepted_per_round (per request),
         generated_tokens, tokens_per_s, verify_time_per_round_s, model_time_s (draft and target runs:
         on CUDA the GPU time between events around each ONNX Runtime run call alone),
-        wall_s, host_overhead_per_round_s (wall time outside model runs and verify, per round: feeds,
+        wall_s (from the call until the texts are ready; reading the CUDA events for these stats comes
+        after), host_overhead_per_round_s (wall time outside model runs and verify, per round: feeds,
         cache commits, sampling, bookkeeping and every GPU idle gap), sampling_time_s (the draft's and
-        target-only sampling, part of that overhead) and read_wait_per_round_s.
+        target-only sampling, part of that overhead; 0 with device rounds, whose sampling is fused into
+        the bookkeeping kernels) and read_wait_per_round_s.
         """
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -348,8 +365,24 @@ class SpeculativeDecoder:
         capacity = req.seq.shape[1] + gamma_cap + 2 + kv_slack
         clock = _Clock(self.stream, self._events)
         self._read_wait_s = 0.0
-        offsets = itertools.count()   # a fresh Philox offset for every sampling call of this generation
+        offsets = itertools.count()   # target-only: a fresh Philox offset for every sampling call
         totals = {"rounds": 0, "proposed": 0, "accepted": 0, "request_rounds": 0}
+        # Speculative round r draws with offsets r * per_round + i (draft run i) and r * per_round + gamma_cap
+        # (verify), on either path, so that both give the same tokens.
+        per_round = gamma_cap + 1
+        why_not_device = "cpu" if self.device != "cuda" else "off" if not self.device_rounds else \
+            decode_device.supported(self.target, self.draft, adaptive_gamma) if speculative else "target only"
+        discarded = 0
+
+        def count(active, n_new, draft_len=None, accepted=None):
+            totals["rounds"] += 1
+            totals["request_rounds"] += int(active.sum())
+            if draft_len is not None:
+                totals["proposed"] += int(draft_len.sum())
+                totals["accepted"] += int(accepted[active].sum())
+            if on_tokens is not None:
+                for b in np.flatnonzero(n_new):
+                    on_tokens(int(b), req.seq[b, req.seq_len[b] - n_new[b]:req.seq_len[b]].tolist())
 
         with self._on_stream(), _timed_runs(sessions, clock):
             target_cache = self.target.new_cache(req.batch, capacity, kv_slack)
@@ -357,35 +390,40 @@ class SpeculativeDecoder:
             if speculative:
                 draft_cache = self.draft.new_cache(req.batch, capacity, kv_slack)
                 self._prefill(self.draft, draft_cache, req, clock)
+            if speculative and why_not_device is None:
+                rounds = decode_device.DeviceRounds(
+                    self, req, target_cache, draft_cache, gamma=gamma, gamma_cap=gamma_cap, method=method,
+                    temperature=temperature, seed=seed, clock=clock, offsets_per_round=per_round)
+                for active, draft_len, accepted, n_new in rounds:
+                    count(active, n_new, draft_len, accepted)
+                discarded = rounds.discarded
+            elif speculative:
                 draft_tokens_buf = self.xp.zeros(req.batch * gamma_cap, np.int32)
                 draft_logits_buf = self.xp.zeros(req.batch * gamma_cap * self.target.vocab_size,
                                                  self.target.logits_dtype)
                 # The draft sampler's output, reused: each result is copied into draft_tokens before the
                 # next call (on the CPU sample_tokens allocates).
                 sample_out = self.xp.empty(4 * req.batch, np.int32) if self.stream is not None else None
-            while not req.finished.all():
-                active = ~req.finished
-                if speculative:
+                while not req.finished.all():
+                    active = ~req.finished
                     draft_len, accepted, n_new = self._speculative_round(
                         req, target_cache, draft_cache, draft_tokens_buf, draft_logits_buf, sample_out, gamma,
-                        method, temperature, seed, offsets, clock)
-                    totals["proposed"] += int(draft_len.sum())
-                    totals["accepted"] += int(accepted[active].sum())
+                        method, temperature, seed, totals["rounds"] * per_round, gamma_cap, clock)
+                    count(active, n_new, draft_len, accepted)
                     if adaptive_gamma and (draft_len > 0).any():
                         all_accepted = (accepted[draft_len > 0] == draft_len[draft_len > 0]).all()
                         gamma = int(np.clip(gamma + 2 if all_accepted else gamma - 1, gamma_min, gamma_max))
-                else:
-                    n_new = self._target_step(req, target_cache, temperature, seed, offsets, clock)
-                totals["rounds"] += 1
-                totals["request_rounds"] += int(active.sum())
-                if on_tokens is not None:
-                    for b in np.flatnonzero(n_new):
-                        on_tokens(int(b), req.seq[b, req.seq_len[b] - n_new[b]:req.seq_len[b]].tolist())
-            model_s, verify_s, sampling_s = (clock.seconds(k) for k in ("model", "verify", "sampling"))
+            else:
+                while not req.finished.all():
+                    active = ~req.finished
+                    count(active, self._target_step(req, target_cache, temperature, seed, offsets, clock))
+            if self.stream is not None:
+                self.stream.synchronize()   # a discarded round may still run
 
         token_ids = [req.generated(b) for b in range(req.batch)]
         texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in token_ids]
-        wall_s = time.perf_counter() - wall_start
+        wall_s = time.perf_counter() - wall_start   # the stats' own readout below is not decoding time
+        model_s, verify_s, sampling_s = (clock.seconds(k) for k in ("model", "verify", "sampling"))
         run_host_s = self.target.run_host_s + self.draft.run_host_s - run_host_start
         rounds = max(totals["rounds"], 1)
         generated = sum(len(t) for t in token_ids)
@@ -407,6 +445,10 @@ class SpeculativeDecoder:
             "read_wait_per_round_s": self._read_wait_s / rounds,
             "kv_compactions": target_cache.compactions + (draft_cache.compactions if speculative else 0),
             "cuda_graphs": dict(self.cuda_graphs),
+            # True, or why the rounds' feeds were built on the host (decode_device).
+            "device_rounds": True if why_not_device is None else why_not_device,
+            # Rounds enqueued ahead of a read that then found every request finished (by an EOS).
+            "discarded_rounds": discarded,
         }
         return GenerationOutput(texts, token_ids, stats)
 
@@ -420,7 +462,7 @@ class SpeculativeDecoder:
             session.forward(cache, ids, mask, positions)
 
     def _speculative_round(self, req, target_cache, draft_cache, draft_tokens_buf, draft_logits_buf, sample_out,
-                           gamma, method, temperature, seed, offsets, clock):
+                           gamma, method, temperature, seed, offset_base, gamma_cap, clock):
         batch = req.batch
         # A request proposes no more drafts than it may still emit beyond the round's corrected token.
         draft_len = np.where(req.finished, 0, np.minimum(gamma, req.remaining - 1))
@@ -443,7 +485,7 @@ class SpeculativeDecoder:
             _put_column(draft_logits, i, logits)
             with clock.span("sampling"):
                 _put_column(draft_tokens, i, sample_tokens(logits, temperature=temperature, seed=seed,
-                                                           offset=next(offsets), _out=sample_out))
+                                                           offset=offset_base + i, _out=sample_out))
 
         # 2. The target scores gamma+1 positions in one run: the last emitted token, then the drafts.
         ids = np.zeros((batch, gamma + 1), np.int64)
@@ -457,7 +499,7 @@ class SpeculativeDecoder:
         lengths = self._upload(draft_len.astype(np.int32))   # before the span: it times verify() alone
         with clock.span("verify"):
             res = verify(draft_tokens, draft_logits, target_logits, method=method, temperature=temperature,
-                         seed=seed, offset=next(offsets), draft_lengths=lengths)
+                         seed=seed, offset=offset_base + gamma_cap, draft_lengths=lengths)
         read_start = time.perf_counter()
         result = VerifyResult(_to_host(res.packed), batch)   # the round's one device-to-host read
         self._read_wait_s += time.perf_counter() - read_start

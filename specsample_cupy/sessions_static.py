@@ -90,14 +90,19 @@ class StaticKVCache(KVCache):
         cols = np.argsort(self.mask, axis=1, kind="stable")[:, self.length - new_length:]
         new_mask = np.take_along_axis(self.mask, cols, axis=1)
         if not (new_length == self.length and (cols == np.arange(new_length)).all()):
-            xp = self.xp
-            with self._on_stream():
-                blocks = self._blocks(0, self.capacity)
-                rows = xp.arange(self.batch)[:, None]
-                gathered = blocks[:, rows, :, xp.asarray(cols)].transpose(2, 0, 3, 1, 4)   # a copy
-                blocks[:, :, :, :new_length] = gathered
-            self.compactions += 1
+            self.gather(self.xp.asarray(cols))
         self.length, self.mask = new_length, new_mask
+
+    def gather(self, cols):
+        """Slot j of row b takes slot cols[b, j] (cols: [B, new_length] on the device), for j < new_length;
+        the caller sets length and mask."""
+        xp = self.xp
+        with self._on_stream():
+            blocks = self._blocks(0, self.capacity)
+            rows = xp.arange(self.batch)[:, None]
+            gathered = blocks[:, rows, :, cols].transpose(2, 0, 3, 1, 4)   # a copy
+            blocks[:, :, :, :cols.shape[1]] = gathered
+        self.compactions += 1
 
 
 class _PinnedRing:
@@ -255,6 +260,13 @@ class StaticDecoderSession(DecoderSession):
             self._keep_alive = (step,)
         cache.advance(new_mask)
         return step.logits
+
+    def replay(self, step: _Step):
+        """Run a step whose feeds are already on the device (decode_device writes them); the caller
+        commits its present columns and keeps the cache's column count."""
+        self._run(step.binding, step.options)
+        self.graph_steps += step.graph_id >= 0
+        self._keep_alive = (step,)
 
     def last_binding(self):
         step = self._keep_alive[0]

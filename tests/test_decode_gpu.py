@@ -48,8 +48,11 @@ def test_sampling_on_gpu_matches_cpu_for_the_same_seed(gpu, cpu, method):
     assert same >= 0.9, f"only {same:.0%} of requests identical on GPU and CPU"
 
 
-def test_no_logits_cross_to_the_host(gpu, monkeypatch):
+def test_no_logits_cross_to_the_host(pair, monkeypatch):
+    """The host-driven rounds (test_decode_device.py checks the device rounds' one report per round)."""
     import cupy
+
+    gpu = SpeculativeDecoder(*pair, device="cuda", device_rounds=False)
 
     reads = []
     real_to_host = decoder_module._to_host

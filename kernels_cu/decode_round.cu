@@ -1,0 +1,239 @@
+// The bookkeeping of a speculative decoding round on the device (specsample_cupy/decode_device.py),
+// so that the host can enqueue a whole round without reading anything back first. Between two model
+// runs exactly one of these kernels runs; it also writes the next run's feeds (input_ids,
+// position_ids, attention_mask, the buffers ONNX Runtime's captured graphs read).
+//
+// Layouts (int64 unless said): a run of S new columns over a cache of capacity C reads one feed
+// buffer [ids B*S | positions B*S | mask B*(C+S)]. Each cache has a slot mask [B, C] (1 = slot holds
+// a real token), the device twin of KVCache.mask: a run's new columns are appended at column L (a
+// host-known count), a rollback turns the real slots past a row's keep-th into holes. seq [B, P]
+// holds each row's tokens, seq_len [B] their count, limit [B] the count at which its budget ends.
+//
+// Parallel decomposition of both kernels: blocks 0..B-1 own one request row each (sampling, mask,
+// feeds: one block scans a row of C slots in chunks of the block's width); blocks B.. copy the run's
+// new key/value columns from ONNX Runtime's present output into the cache (a grid-stride loop over
+// rows x 4-byte words). Nothing is shared between blocks.
+#include "sample_row.cuh"
+
+#define SS_PURPOSE_SAMPLE 2u  // specsample_cupy.philox.PURPOSE_SAMPLE (a GPU test compares the tokens)
+
+struct Commit {  // copy `words` 4-byte words per row: present[r][src + w] -> cache[r][dst + w]
+  const unsigned* present;
+  unsigned* cache;
+  int rows, words;
+  long long present_pitch, cache_pitch, src, dst;
+};
+
+__device__ void commit_columns(const Commit& c, int block, int blocks) {
+  const long long total = (long long)c.rows * c.words;
+  for (long long k = (long long)block * blockDim.x + threadIdx.x; k < total; k += (long long)blocks * blockDim.x) {
+    const long long r = k / c.words, w = k - r * c.words;
+    c.cache[r * c.cache_pitch + c.dst + w] = c.present[r * c.present_pitch + c.src + w];
+  }
+}
+
+__device__ __forceinline__ long long clamp_id(int t, int vocab) { return t < 0 ? 0 : (t < vocab ? t : vocab - 1); }
+__device__ __forceinline__ long long clamp_pos(long long p, long long limit) { return p < 0 ? 0 : (p < limit ? p : limit); }
+
+// Inclusive prefix sum of one int per thread over the block; *total gets the block's sum.
+__device__ int block_scan(int v, int* total) {
+  __shared__ int warp_sums[SS_WARPS];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += u;
+  }
+  if (lane == 31) warp_sums[warp] = v;
+  __syncthreads();
+  int before = 0, sum = 0;
+#pragma unroll
+  for (int w = 0; w < SS_WARPS; ++w) {
+    before += w < warp ? warp_sums[w] : 0;
+    sum += warp_sums[w];
+  }
+  __syncthreads();
+  *total = sum;
+  return v + before;
+}
+
+// One row's slot mask: slots [at, at + n) take new[0..n), then only the first `keep` real slots stay
+// real (KVCache.rollback). Returns the row's real slots afterwards. Called by the whole block.
+__device__ long long roll_back_row(long long* mask, int C, long long keep, int at, int n, const long long* added) {
+  long long seen = 0;
+  for (int c0 = 0; c0 < C; c0 += blockDim.x) {
+    const int c = c0 + threadIdx.x;
+    int real = 0;
+    if (c < C) real = ((c >= at && c < at + n) ? added[c - at] : mask[c]) != 0;
+    int total;
+    const long long rank = seen + block_scan(real, &total);
+    if (c < C) mask[c] = real && rank <= keep;
+    seen += total;
+  }
+  return seen < keep ? seen : keep;
+}
+
+// After draft run `step` of G: sample its token, keep its logits for verify(), commit its key/value
+// columns and mask, and write the next run's feeds (the next draft run's, S = 1, or after the last
+// step the target's, S = G + 1: the row's last token, then its G drafts).
+template <class T, int VEC>
+__global__ void __launch_bounds__(SS_THREADS) draft_step_done(
+    const typename T::storage* __restrict__ logits, int S_run, int V, float temperature,
+    unsigned long long seed, unsigned offset, typename T::storage* __restrict__ draft_logits,
+    int* __restrict__ draft_tokens, int step, int G, const long long* __restrict__ run_feed,
+    long long* __restrict__ mask_d, int C, int L_run, long long* __restrict__ next_feed, int next_is_target,
+    const long long* __restrict__ mask_t, const long long* __restrict__ seq, int seq_pitch,
+    const long long* __restrict__ seq_len, const long long* __restrict__ finished, const int* __restrict__ draft_len,
+    long long pos_limit, int B, Commit commit) {
+  if ((int)blockIdx.x >= B) {
+    commit_columns(commit, blockIdx.x - B, gridDim.x - B);
+    return;
+  }
+  const int b = blockIdx.x;
+  const int token = sample_row<T, VEC>(logits + ((long long)b * S_run + S_run - 1) * V, V, temperature, seed,
+                                       offset, SS_PURPOSE_SAMPLE, b, draft_logits + ((long long)b * G + step) * V);
+  const long long* added = run_feed + 2LL * B * S_run + (long long)b * (C + S_run) + C;
+  long long* row_mask = mask_d + (long long)b * C;
+  const long long L = seq_len[b];
+  const int dl = draft_len[b];
+  if (threadIdx.x == 0) draft_tokens[b * G + step] = token;
+  if (!next_is_target) {  // the next draft run feeds this token at position L + step
+    long long* next_mask = next_feed + 2LL * B + (long long)b * (C + 1);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      long long v = row_mask[c];
+      if (c >= L_run && c < L_run + S_run) row_mask[c] = v = added[c - L_run];
+      next_mask[c] = v;
+    }
+    if (threadIdx.x == 0) {
+      next_feed[b] = clamp_id(token, V);
+      next_feed[B + b] = clamp_pos(L + step, pos_limit);
+      next_mask[C] = step + 1 < dl;
+    }
+    return;
+  }
+  const int S = G + 1;
+  long long* next_mask = next_feed + 2LL * B * S + (long long)b * (C + S);
+  if ((int)threadIdx.x < S_run) row_mask[L_run + threadIdx.x] = added[threadIdx.x];
+  for (int c = threadIdx.x; c < C; c += blockDim.x) next_mask[c] = mask_t[(long long)b * C + c];
+  for (int j = threadIdx.x; j < S; j += blockDim.x) {
+    const long long id = j == 0 ? seq[(long long)b * seq_pitch + (L > 0 ? L - 1 : 0)]
+                                : clamp_id(j - 1 == step ? token : draft_tokens[b * G + j - 1], V);
+    next_feed[b * S + j] = id;
+    next_feed[(long long)B * S + b * S + j] = clamp_pos(L - 1 + j, pos_limit);
+    next_mask[C + j] = j <= dl && !finished[b];
+  }
+}
+
+// After verify(): append each request's emitted tokens (up to its first EOS and its budget), commit
+// the target run's key/value columns and mask, roll both caches back to the new length minus one,
+// set the next round's draft lengths, write the next round's first draft feed (S = 2: the tokens the
+// draft has not seen, right-aligned, 1 or 2 of them) and the host's report.
+//   verify_out [accepted B | emitted B | error B | tokens B*(G+1)] (VerifyResult.packed)
+//   report     verify_out, then [taken B | finished B]
+// With target_cols = 0 and every emitted count 0 it only prepares the first round.
+__global__ void __launch_bounds__(SS_THREADS) round_done(
+    const int* __restrict__ verify_out, int G, const long long* __restrict__ target_feed, int target_cols,
+    long long* __restrict__ mask_t, long long* __restrict__ mask_d, int C, int L_target,
+    long long* __restrict__ seq, int seq_pitch, long long* __restrict__ seq_len, const long long* __restrict__ limit,
+    long long* __restrict__ finished, const long long* __restrict__ eos, int n_eos, long long pad_id,
+    int* __restrict__ draft_len, int gamma_next, long long* __restrict__ feed0, long long pos_limit,
+    int* __restrict__ report, int B, Commit commit) {
+  if ((int)blockIdx.x >= B) {
+    commit_columns(commit, blockIdx.x - B, gridDim.x - B);
+    return;
+  }
+  __shared__ long long s_len;
+  __shared__ int s_done;
+  const int b = blockIdx.x;
+  const int* tokens = verify_out + 3 * B + b * (G + 1);
+  if (threadIdx.x == 0) {
+    const int error = verify_out[2 * B + b];
+    long long L = seq_len[b];
+    int done = (int)finished[b], taken = 0;
+    if (!done) {
+      const long long room = limit[b] - L;
+      const int emitted = error ? 0 : verify_out[B + b];
+      bool hit_eos = false;
+      for (int j = 0; j < emitted && j < room && !hit_eos; ++j) {
+        const int t = tokens[j];
+        seq[(long long)b * seq_pitch + L + j] = t;
+        taken = j + 1;
+        for (int e = 0; e < n_eos; ++e) hit_eos |= eos[e] == t;
+      }
+      L += taken;
+      done = hit_eos || room - taken <= 0;
+      seq_len[b] = L;
+      finished[b] = done;
+    }
+    report[b] = verify_out[b];
+    report[B + b] = verify_out[B + b];
+    report[2 * B + b] = error;
+    report[3 * B + B * (G + 1) + b] = taken;
+    report[4 * B + B * (G + 1) + b] = done;
+    s_len = L;
+    s_done = done;
+  }
+  for (int j = threadIdx.x; j <= G; j += blockDim.x) report[3 * B + b * (G + 1) + j] = tokens[j];
+  __syncthreads();
+  const long long L = s_len, keep = L - 1;
+  const int S_t = G + 1;
+  roll_back_row(mask_t + (long long)b * C, C, keep, L_target, target_cols,
+                target_feed + 2LL * B * S_t + (long long)b * (C + S_t) + C);
+  const long long seen = roll_back_row(mask_d + (long long)b * C, C, keep, 0, 0, nullptr);
+  const long long room = limit[b] - L - 1;
+  const int dl = s_done ? 0 : (int)(room < gamma_next ? room : gamma_next);
+  if (threadIdx.x == 0) draft_len[b] = dl;
+  __syncthreads();  // the rolled-back draft mask, read below by other threads
+  long long* next_mask = feed0 + 4LL * B + (long long)b * (C + 2);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) next_mask[c] = mask_d[(long long)b * C + c];
+  if (threadIdx.x < 2) {
+    const long long src = L - 2 + threadIdx.x;
+    const bool real = dl > 0 && src >= seen;
+    feed0[b * 2 + threadIdx.x] = real ? seq[(long long)b * seq_pitch + (src > 0 ? src : 0)] : pad_id;
+    feed0[2 * B + b * 2 + threadIdx.x] = clamp_pos(src, pos_limit);
+    next_mask[C + threadIdx.x] = real;
+  }
+}
+
+// A full cache's compaction plan, without the host: row b's real slots among its first `length`, in
+// order, go to [new_length - n_b, new_length) (right-aligned like left padding; new_length >= every
+// n_b, from the host's sequence lengths). cols [B, new_length] gets each new slot's source column (0
+// for the holes in front), and the mask becomes the compacted one. One block per row; the gather
+// itself is a CuPy copy (StaticKVCache.gather).
+__global__ void __launch_bounds__(SS_THREADS) compact_plan(long long* __restrict__ mask, int C, int length,
+                                                          int new_length, long long* __restrict__ cols) {
+  const int b = blockIdx.x;
+  long long* row = mask + (long long)b * C;
+  long long* out = cols + (long long)b * new_length;
+  int n = 0;
+  for (int c0 = 0; c0 < length; c0 += blockDim.x) {  // count, so that ranks can be right-aligned
+    const int c = c0 + threadIdx.x;
+    int total;
+    block_scan(c < length && row[c] != 0, &total);
+    n += total;
+  }
+  const int first = new_length - n;
+  for (int j = threadIdx.x; j < first; j += blockDim.x) out[j] = 0;
+  int seen = 0;
+  for (int c0 = 0; c0 < length; c0 += blockDim.x) {
+    const int c = c0 + threadIdx.x;
+    const int real = c < length && row[c] != 0;
+    int total;
+    const int rank = seen + block_scan(real, &total) - 1;
+    if (real) out[first + rank] = c;
+    seen += total;
+  }
+  __syncthreads();  // every read of the old mask is done
+  for (int c = threadIdx.x; c < C; c += blockDim.x) row[c] = c >= first && c < new_length;
+}
+
+// The instantiations decode_device.py launches (named here too so that an offline nvcc compiles them).
+#define SS_DRAFT_STEP_DONE(T, VEC)                                                                              \
+  template __global__ void draft_step_done<T, VEC>(                                                             \
+      const T::storage*, int, int, float, unsigned long long, unsigned, T::storage*, int*, int, int,            \
+      const long long*, long long*, int, int, long long*, int, const long long*, const long long*, int,         \
+      const long long*, const long long*, const int*, long long, int, Commit);
+SS_DRAFT_STEP_DONE(f32, 4)
+SS_DRAFT_STEP_DONE(f32, 1)
+SS_DRAFT_STEP_DONE(f16, 8)
+SS_DRAFT_STEP_DONE(f16, 1)
