@@ -14,8 +14,8 @@ of the host's NumPy lines:
     round_done       append the emitted tokens (EOS, budget), commit the target's columns, roll
                      both masks back, next round's draft lengths and first draft feed, a report
 
-So the host enqueues whole rounds without reading anything, and reads each round's report (one
-small device-to-host copy) one round late: while the GPU runs round r + 1 the host applies round
+So the host enqueues whole rounds without reading anything, and reads each round's report (a few
+ints per request, written by round_done into page-locked host memory) one round late: while the GPU runs round r + 1 the host applies round
 r's tokens to its own copy of the sequences. It enqueues round r + 1 before reading round r only
 when round r cannot end the generation by the budget alone (an EOS still can: that round's work is
 then discarded, counted in stats["discarded_rounds"]) and no cache needs compacting.
@@ -40,7 +40,6 @@ from specsample_cupy.sessions_static import StaticDecoderSession
 from specsample_cupy.verify import VerifyResult, verify
 
 THREADS = 256
-_D2H = 2
 
 
 class _Commit(ctypes.Structure):
@@ -127,15 +126,18 @@ class _RoundBuffers:
             self.draft_tokens = cupy.zeros((B, G), cupy.int32)
             self.draft_logits = cupy.zeros((B, G, self.V), target.logits_dtype)
             self.report_size = 3 * B + B * (G + 1) + 2 * B
-            self.reports = cupy.zeros((2, self.report_size), cupy.int32)
+            self.first_report = cupy.zeros(self.report_size, cupy.int32)   # the set-up call's, unread
             self.no_verify = cupy.zeros(3 * B + B * (G + 1), cupy.int32)   # nothing emitted: prepares round 0
         self.dev, self.host, at = {}, {}, 0
         for name, size in sizes.items():
             self.dev[name], self.host[name] = self.state[at:at + size], self.host_state[at:at + size]
             at += size
+        # round_done writes each round's report straight into page-locked host memory (with unified
+        # addressing its host address is valid on the device): no copy command per round.
         pinned = cupy.cuda.alloc_pinned_memory(2 * self.report_size * 4)
         self._pinned_reports = pinned
         self.host_reports = np.frombuffer(pinned, np.int32, 2 * self.report_size).reshape(2, self.report_size)
+        self.host_reports[...] = 0
         self.report_events = [cupy.cuda.Event(disable_timing=True) for _ in range(2)]
         self.draft_steps = [draft._step(2)] + ([draft._step(1)] if G > 1 else [])
         self.target_step = target._step(G + 1)
@@ -212,7 +214,7 @@ class _RoundBuffers:
             launch.set(temperature=temperature, seed=seed & (2 ** 64 - 1), pos_limit=pos_limit)
         done = self.done_launch
         done.set(pad_id=pad_id, pos_limit=pos_limit, verify_out=self.no_verify.data.ptr, target_cols=0,
-                 report=self.reports[1].data.ptr)
+                 report=self.first_report.data.ptr)
         done.commit.words = 0
         done(stream)
         done.set(target_cols=self.G + 1)
@@ -257,7 +259,7 @@ class DeviceRounds:
         self.draft_steps, self.target_step = buf.draft_steps, buf.target_step
         self.step_launches, self.done_launch = buf.step_launches, buf.done_launch
         self.draft_tokens, self.draft_logits, self.draft_len = buf.draft_tokens, buf.draft_logits, buf.draft_len
-        self.reports, self.host_reports, self.report_events = buf.reports, buf.host_reports, buf.report_events
+        self.host_reports, self.report_events = buf.host_reports, buf.report_events
         self.report_size, self.masks = buf.report_size, {"target": buf.dev["mask_t"].reshape(B, -1),
                                                          "draft": buf.dev["mask_d"].reshape(B, -1)}
         limit = decoder.context_length
@@ -266,8 +268,9 @@ class DeviceRounds:
 
     # -- rounds -------------------------------------------------------------------------------------
     def _enqueue(self, r: int):
-        """Enqueue round r: gamma draft runs, the target run, verify(), round_done, the report's copy."""
-        import cupy
+        """Enqueue round r: gamma draft runs, the target run, verify(), round_done (which writes the report
+        into host memory) and an event the host waits on. Round r - 2's report, in the same slot, was read
+        before this call."""
         stream, G = self.stream, self.gamma
         base = r * self.offsets_per_round
         for i, launch in enumerate(self.step_launches):
@@ -290,13 +293,10 @@ class DeviceRounds:
         done = self.done_launch
         done.slots["verify_out"].value = res.packed.data.ptr
         done.slots["L_target"].value = L
-        done.slots["report"].value = self.reports[slot].data.ptr
+        done.slots["report"].value = self.host_reports[slot].ctypes.data
         done.commit.dst = L * (done.commit.cache_pitch // self.tc.capacity)
         self._keep = res   # its buffer must outlive the launch
         done(stream)
-        self.report_events[slot].synchronize()   # the host copy of two rounds ago was read
-        cupy.cuda.runtime.memcpyAsync(self.host_reports[slot].ctypes.data, self.reports[slot].data.ptr,
-                                      self.report_size * 4, _D2H, stream.ptr)
         self.report_events[slot].record(stream)
 
     def _read(self, r: int):

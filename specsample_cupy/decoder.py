@@ -370,8 +370,7 @@ class SpeculativeDecoder:
         # Speculative round r draws with offsets r * per_round + i (draft run i) and r * per_round + gamma_cap
         # (verify), on either path, so that both give the same tokens.
         per_round = gamma_cap + 1
-        why_not_device = "cpu" if self.device != "cuda" else "off" if not self.device_rounds else \
-            decode_device.supported(self.target, self.draft, adaptive_gamma) if speculative else "target only"
+        why_not_device = self._why_not_device_rounds(speculative, adaptive_gamma)
         discarded = 0
 
         def count(active, n_new, draft_len=None, accepted=None):
@@ -451,6 +450,16 @@ class SpeculativeDecoder:
             "discarded_rounds": discarded,
         }
         return GenerationOutput(texts, token_ids, stats)
+
+    def _why_not_device_rounds(self, speculative: bool, adaptive_gamma: bool) -> str | None:
+        """None when this generate() runs device rounds (decode_device), else why it does not."""
+        if self.device != "cuda":
+            return "cpu"
+        if not getattr(self, "device_rounds", True):
+            return "off"
+        if not speculative:
+            return "target only"
+        return decode_device.supported(self.target, self.draft, adaptive_gamma)
 
     def _prefill(self, session: DecoderSession, cache, req: _Requests, clock: _Clock):
         """Feed each prompt but its last token; every round starts by feeding the last token so far."""

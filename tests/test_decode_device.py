@@ -85,31 +85,37 @@ def test_device_rounds_stop_each_request_at_its_eos(pair):
 
 
 def test_device_rounds_read_one_report_per_round(on_device, monkeypatch):
-    """No logits cross to the host: the only device-to-host copies are the rounds' reports (verify()'s
-    packed result and two more ints per request), one per enqueued round; the host-driven read is
-    never used."""
+    """No logits cross to the host: the host reads one report per round (verify()'s packed result and
+    two more ints per request, which round_done writes into page-locked host memory), makes no
+    device-to-host copy, and never uses the host-driven read."""
     import cupy
+    from specsample_cupy import decode_device
 
-    copies = []
-    real_copy = cupy.cuda.runtime.memcpyAsync
+    copies, reads = [], []
+    real_copy, real_read = cupy.cuda.runtime.memcpyAsync, decode_device.DeviceRounds._read
 
     def recording_copy(dst, src, size, kind, stream):
-        if kind == 2:
-            copies.append(size)
+        copies.append(kind)
         return real_copy(dst, src, size, kind, stream)
+
+    def counting_read(self, r):
+        reads.append(self.host_reports[r % 2].nbytes)
+        return real_read(self, r)
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a host-driven read during device rounds")
 
     on_device.generate(PROMPTS, max_new_tokens=8, gamma=5, seed=1)   # warm-up: plans and graphs
     monkeypatch.setattr(cupy.cuda.runtime, "memcpyAsync", recording_copy)
+    monkeypatch.setattr(decode_device.DeviceRounds, "_read", counting_read)
     monkeypatch.setattr(decoder_module, "_to_host", forbidden)
     monkeypatch.setattr(cupy, "asnumpy", forbidden)
     out = on_device.generate(PROMPTS, max_new_tokens=70, gamma=5, temperature=1.0, seed=1)
     B, G = len(PROMPTS), 5
-    assert out.stats["kv_compactions"] > 0
-    assert len(copies) == out.stats["rounds"] + out.stats["discarded_rounds"]
-    assert set(copies) == {4 * (3 * B + B * (G + 1) + 2 * B)}
+    assert out.stats["kv_compactions"] > 0 and out.stats["device_rounds"] is True
+    assert 2 not in copies, "a device-to-host copy during device rounds"
+    assert len(reads) == out.stats["rounds"]
+    assert set(reads) == {4 * (3 * B + B * (G + 1) + 2 * B)}
 
 
 def test_device_rounds_refuse_what_they_cannot_do(on_device):

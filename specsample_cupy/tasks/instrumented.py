@@ -94,6 +94,10 @@ class StepRecorder:
             return ids
         return super().encode_prompts(prompts)
 
+    def _why_not_device_rounds(self, speculative, adaptive_gamma):
+        # The records and stop strings hook the host-driven round; device rounds have no such hook.
+        return "per-round records and stop strings"
+
     def _speculative_round(self, req, *args):
         *head, clock = args
         wrapped = _RecordingClock(clock, self.stream, self._verify_log)
