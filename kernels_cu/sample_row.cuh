@@ -2,12 +2,12 @@
 // verify.cu's bonus path (argmax_j p_j / E_j, E_j ~ Exp(1) from the same Philox words), so it
 // returns what verify_kernel returns with gamma = 0, up to float rounding.
 //
-// Pass 1 reduces the row's maximum and first argmax (the token itself at T = 0) and checks for
-// NaN/+Inf; pass 2 races on exp((z - m) / T) / E_j. Dividing by the row's sum of exponentials
-// would scale every key by the same positive number, so the winner does not need it and it is
-// never computed. 16-byte loads when the row is aligned (VEC > 1); pass 2 re-reads the row from
-// L1/L2. Every thread of the block must call it; every thread gets the token (-1 for a row with
-// NaN/+Inf or no finite logit). copy_to, when not null, receives the row as read (same storage).
+// One pass over the row. With p_j = exp(z_j / T) / Z, argmax_j p_j / E_j is argmax_j of
+// z_j - T log E_j (times T > 0, minus T log Z: the same order), so neither the row's maximum nor
+// its sum is needed, and no key overflows however small T is. At T = 0 the pass takes the first
+// argmax instead. NaN/+Inf anywhere in the row, or no finite logit, gives -1. 16-byte loads when
+// the row is aligned (VEC > 1). Every thread of the block must call it; every thread gets the
+// token. copy_to, when not null, receives the row as read (same storage).
 #pragma once
 #include "philox.cuh"
 #include "block_reduce.cuh"
@@ -19,7 +19,10 @@ __device__ int sample_row(const typename T::storage* __restrict__ row, int V, fl
                           typename T::storage* __restrict__ copy_to) {
   __shared__ SoftmaxStat red_stat[SS_WARPS];
   __shared__ RaceBest red_race[SS_WARPS];
+  const bool greedy = temperature == 0.f;
+  const PhiloxStream ps(seed, offset, request, 0, purpose);
   SoftmaxStat st = {-__int_as_float(0x7f800000), 0.f, 0x7fffffff};
+  RaceBest best = {-__int_as_float(0x7f800000), 0x7fffffff};
   bool bad = false;
   for (int base = threadIdx.x * VEC; base < V; base += SS_THREADS * VEC) {
     float z[VEC];
@@ -32,35 +35,26 @@ __device__ int sample_row(const typename T::storage* __restrict__ row, int V, fl
     }
     load_vec<T, VEC>(row + base, z);
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      bad |= !(z[e] < __int_as_float(0x7f800000));
-      if (z[e] > st.m) { st.m = z[e]; st.arg = base + e; }
-    }
-  }
-  st = block_reduce(st, CombineStat(), red_stat);  // s stays 0: the maximum and first argmax
-  bad = __syncthreads_or(bad);
-  int token = -1;
-  if (!bad && st.m != -__int_as_float(0x7f800000)) {
-    if (temperature == 0.f) {
-      token = st.arg;
-    } else {
-      const float c = 1.4426950408889634f / temperature, mc = st.m * c;
-      const PhiloxStream ps(seed, offset, request, 0, purpose);
-      RaceBest best = {-1.f, 0x7fffffff};
-      for (int base = threadIdx.x * VEC; base < V; base += SS_THREADS * VEC) {
-        float z[VEC], e[VEC];
-        load_vec<T, VEC>(row + base, z);
-        race_variates<VEC>(ps, base, e);
+    for (int k = 0; k < VEC; ++k) bad |= !(z[k] < __int_as_float(0x7f800000));
+    if (greedy) {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const float w = ex2_approx(fmaf(z[k], c, -mc));
-          const float key = w > 0.f ? __fdividef(w, e[k]) : -1.f;
-          if (key > best.key) { best.key = key; best.idx = base + k; }
-        }
+      for (int k = 0; k < VEC; ++k)
+        if (z[k] > st.m) { st.m = z[k]; st.arg = base + k; }
+    } else {
+      float e[VEC];
+      race_variates<VEC>(ps, base, e);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float key = fmaf(-temperature, __logf(e[k]), z[k]);   // T * log(p_j / E_j) + const
+        if (key > best.key) { best.key = key; best.idx = base + k; }
       }
-      best = block_reduce(best, BetterRace(), red_race);
-      token = best.key > 0.f ? best.idx : -1;
     }
   }
-  return token;  // the same in every thread: both reductions give every thread the block's result
+  if (__syncthreads_or(bad)) return -1;  // the same answer in every thread
+  if (greedy) {
+    st = block_reduce(st, CombineStat(), red_stat);  // s stays 0: the maximum and first argmax
+    return st.m != -__int_as_float(0x7f800000) ? st.arg : -1;
+  }
+  best = block_reduce(best, BetterRace(), red_race);
+  return best.idx < V ? best.idx : -1;  // every thread gets the block's result
 }

@@ -23,21 +23,34 @@ DEFAULT_PROMPTS = (
 COLUMNS = (
     ("method", "{}"), ("tokens_per_s", "{:.1f}"), ("speedup", "{:.2f}x"), ("acceptance_rate", "{:.3f}"),
     ("mean_accepted_per_round", "{:.2f}"), ("verify_time_per_round_s", "{:.2e}"),
-    ("host_overhead_per_round_s", "{:.2e}"), ("loop_overhead_per_round_s", "{:.2e}"),
+    ("host_overhead_per_round_s", "{:.2e}"), ("host_overhead_per_round_untimed_s", "{:.2e}"),
+    ("loop_overhead_per_round_s", "{:.2e}"),
     ("model_time_s", "{:.3f}"), ("rounds", "{}"),
 )
 
 
 def results_table(rows: list[dict]) -> str:
-    cells = [[name for name, _ in COLUMNS]] + [[fmt.format(r[name]) for name, fmt in COLUMNS] for r in rows]
+    cells = [[name for name, _ in COLUMNS]] + [
+        ["-" if r[name] is None else fmt.format(r[name]) for name, fmt in COLUMNS] for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
+
+
+def _median_call(outputs):
+    calls = sorted(outputs, key=lambda o: o.stats["tokens_per_s"])
+    return calls[len(calls) // 2], [o.stats["tokens_per_s"] for o in calls]
 
 
 def run_bench(decoder, prompts, *, max_new_tokens, gamma, temperature, seed, repeats=3) -> list[dict]:
     """`repeats` generate() calls per method over the same prompts, after a warm-up call; each row is
     the call with the median tokens/s (host-bound timings vary between calls), with every call's
-    tokens/s listed. Speedups are relative to target-only decoding."""
+    tokens/s listed. Speedups are relative to target-only decoding.
+
+    On CUDA the model runs are timed with CUDA events, which take GPU time of their own. So each
+    method also runs `repeats` calls without those events: where such a call produces the same tokens
+    as the timed one (the same runs, so the same model time), host_overhead_per_round_untimed_s is
+    its wall minus the timed call's model time and its own verify time, per round (None where the
+    tokens differ: baseline's stateful random numbers)."""
     def run(method, n_tokens):
         return decoder.generate(prompts, max_new_tokens=n_tokens, gamma=0 if method == "target" else gamma,
                                 method=method, temperature=0.0 if method == "greedy" else temperature, seed=seed)
@@ -48,13 +61,26 @@ def run_bench(decoder, prompts, *, max_new_tokens, gamma, temperature, seed, rep
         run(method, max_new_tokens)
     rows = []
     for method in BENCH_METHODS:
-        calls = sorted((run(method, max_new_tokens).stats for _ in range(repeats)), key=lambda s: s["tokens_per_s"])
-        stats = calls[len(calls) // 2]
-        rows.append({"method": method, "tokens_per_s_each": [c["tokens_per_s"] for c in calls], **{k: stats[k] for k in (
+        timed, each = _median_call([run(method, max_new_tokens) for _ in range(repeats)])
+        stats = timed.stats
+        row = {"method": method, "tokens_per_s_each": each, **{k: stats[k] for k in (
             "tokens_per_s", "acceptance_rate", "mean_accepted_per_round", "verify_time_per_round_s",
             "host_overhead_per_round_s", "loop_overhead_per_round_s", "model_run_host_s", "model_time_s",
             "sampling_time_s", "read_wait_per_round_s", "wall_s", "rounds",
-            "generated_tokens", "device_rounds", "discarded_rounds")}})
+            "generated_tokens", "device_rounds", "discarded_rounds")}}
+        row["tokens_per_s_untimed"] = row["host_overhead_per_round_untimed_s"] = None
+        if stats["device"] == "cuda":
+            decoder.time_model_runs = False
+            try:
+                untimed, _ = _median_call([run(method, max_new_tokens) for _ in range(repeats)])
+            finally:
+                decoder.time_model_runs = True
+            u = untimed.stats
+            row["tokens_per_s_untimed"], row["wall_s_untimed"] = u["tokens_per_s"], u["wall_s"]
+            if untimed.token_ids == timed.token_ids:
+                row["host_overhead_per_round_untimed_s"] = max(
+                    u["wall_s"] - stats["model_time_s"] - u["verify_time_per_round_s"] * u["rounds"], 0.0) / u["rounds"]
+        rows.append(row)
     baseline = rows[0]["tokens_per_s"]
     for row in rows:
         row["speedup"] = row["tokens_per_s"] / baseline if baseline else 0.0

@@ -18,10 +18,10 @@ So the host enqueues whole rounds without reading anything, and reads each round
 ints per request, written by round_done into page-locked host memory) one round late: while the GPU runs round r + 1 the host applies round
 r's tokens to its own copy of the sequences. It enqueues round r + 1 before reading round r only
 when round r cannot end the generation by the budget alone (an EOS still can: that round's work is
-then discarded, counted in stats["discarded_rounds"]) and no cache needs compacting.
+then discarded, counted in stats["discarded_rounds"]).
 
-A full cache is compacted on the device too (compact_plan), at a point where every enqueued round
-has been read, so the masks never cross to the host.
+A full cache is compacted on the device too (compact_plan), in stream order between two rounds, so
+the masks never cross to the host and no compaction waits for a read.
 
 Used for the speculative methods with fixed gamma on CUDA when both models run with fixed
 bindings (sessions_static), their logits share a dtype (float32/float16) and the vocabulary fits
@@ -253,6 +253,7 @@ class DeviceRounds:
         self.offsets_per_round, self.gamma_cap = offsets_per_round, gamma_cap
         self.stream = decoder.stream
         self.discarded = 0
+        self._unread = 0   # rounds enqueued whose reports the host has not read
         self.B = B = req.batch
         P = -(-req.seq.shape[1] // PITCH_ROUND) * PITCH_ROUND
         buf = self.buf = round_buffers(decoder, B, target_cache.capacity, P, gamma, int(req.eos_ids.size))
@@ -271,6 +272,8 @@ class DeviceRounds:
         """Enqueue round r: gamma draft runs, the target run, verify(), round_done (which writes the report
         into host memory) and an event the host waits on. Round r - 2's report, in the same slot, was read
         before this call."""
+        self._compact_full_caches()
+        self._unread += 1
         stream, G = self.stream, self.gamma
         base = r * self.offsets_per_round
         for i, launch in enumerate(self.step_launches):
@@ -306,6 +309,7 @@ class DeviceRounds:
         started = time.perf_counter()
         self.report_events[slot].synchronize()
         self.dec._read_wait_s += time.perf_counter() - started
+        self._unread -= 1
         report = self.host_reports[slot].copy()
         packed = 3 * B + B * (G + 1)
         result = VerifyResult(report[:packed], B)
@@ -319,46 +323,43 @@ class DeviceRounds:
         req.take(result.tokens, taken, finished)
         return active, draft_len, result.emitted - 1, taken
 
-    def _needs_compaction(self) -> bool:
-        need = self.gamma + 1
-        return self.dc.length + need > self.dc.capacity or self.tc.length + need > self.tc.capacity
-
-    def _compact(self):
-        """Compact the full caches at a point where every enqueued round has been read, without the
-        host seeing the masks: kernels_cu/decode_round.cu's compact_plan right-aligns each row's real
-        slots to the longest sequence so far minus one (every row holds at most its length minus one
-        tokens), then one gather moves the keys and values. The next draft feed's copy of the draft
-        mask follows."""
+    def _compact_full_caches(self):
+        """Before enqueuing a round: compact each cache that lacks room for it, on the device and in
+        stream order, so that no round has to be read first. compact_plan right-aligns each row's real
+        slots to a length no row can exceed: the longest sequence the host has read, plus gamma + 1
+        tokens per round still unread, minus one (a cache holds at most its row's length minus one
+        tokens). Then one gather moves the keys and values, and the next draft feed's copy of the draft
+        mask follows the draft's new mask."""
         import cupy
-        new_length = int(self.req.seq_len.max()) - 1
-        B = self.B
+        need, B = self.gamma + 1, self.B
+        full = [(role, cache) for role, cache in (("target", self.tc), ("draft", self.dc))
+                if cache.length + need > cache.capacity]
+        if not full:
+            return
+        new_length = int(self.req.seq_len.max()) + need * self._unread - 1
         with self.stream:
-            for role, cache in (("target", self.tc), ("draft", self.dc)):
-                if cache.length + self.gamma + 1 <= cache.capacity:
-                    continue
+            for role, cache in full:
+                if new_length + need > cache.capacity:
+                    raise RuntimeError(f"KV cache full: capacity {cache.capacity} cannot hold {new_length} "
+                                       f"columns and {need} more")
                 cols = cupy.empty((B, new_length), cupy.int64)
                 self.buf.compact_plan((B,), (THREADS,), (self.masks[role], np.int32(cache.capacity),
-                                                     np.int32(cache.length), np.int32(new_length), cols))
+                                                         np.int32(cache.length), np.int32(new_length), cols))
                 cache.gather(cols)
                 cache.length = new_length
             C = self.dc.capacity
             self.draft_steps[0].feed[4 * B:].reshape(B, C + 2)[:, :C] = self.masks["draft"]
-        if self._needs_compaction():
-            raise RuntimeError(f"KV cache full: capacity {self.dc.capacity} holds fewer than "
-                               f"{self.gamma + 1} free columns after compaction")
 
     def _can_run_ahead(self) -> bool:
         """Whether round r + 1 is needed whatever round r (in flight) emits, bar an EOS: some unfinished
         request would still have tokens to generate after round r's at most gamma + 1."""
         req = self.req
-        return bool(((~req.finished) & (req.remaining > self.gamma + 1)).any()) and not self._needs_compaction()
+        return bool(((~req.finished) & (req.remaining > self.gamma + 1)).any())
 
     def __iter__(self):
         r = 0
         if self.req.finished.all():
             return
-        if self._needs_compaction():
-            self._compact()
         self._enqueue(0)
         while True:
             ahead = self._can_run_ahead()
@@ -369,7 +370,5 @@ class DeviceRounds:
                 self.discarded += ahead
                 return
             if not ahead:
-                if self._needs_compaction():
-                    self._compact()
                 self._enqueue(r + 1)
             r += 1
