@@ -471,11 +471,12 @@ class SpeculativeDecoder:
     def _prefill(self, session: DecoderSession, cache, req: _Requests, clock: _Clock):
         """Feed each prompt but its last token; every round starts by feeding the last token so far."""
         while True:
-            upto = np.minimum(req.seq_len - 1, cache.n_real + self.prefill_chunk)
-            ids, mask, positions = req.columns(cache.n_real, upto, rows=upto > cache.n_real)
-            if not mask.any():
+            n_real = cache.n_real
+            upto = np.minimum(req.seq_len - 1, n_real + self.prefill_chunk)
+            rows = upto > n_real
+            if not rows.any():
                 return
-            session.forward(cache, ids, mask, positions)
+            session.forward(cache, *req.columns(n_real, upto, rows=rows))
 
     def _speculative_round(self, req, target_cache, draft_cache, draft_tokens_buf, draft_logits_buf, sample_out,
                            gamma, method, temperature, seed, offset_base, gamma_cap, clock):
