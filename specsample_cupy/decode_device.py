@@ -15,10 +15,10 @@ of the host's NumPy lines:
                      both masks back, next round's draft lengths and first draft feed, a report
 
 So the host enqueues whole rounds without reading anything, and reads each round's report (a few
-ints per request, written by round_done into page-locked host memory) one round late: while the GPU runs round r + 1 the host applies round
-r's tokens to its own copy of the sequences. It enqueues round r + 1 before reading round r only
-when round r cannot end the generation by the budget alone (an EOS still can: that round's work is
-then discarded, counted in stats["discarded_rounds"]).
+ints per request, written by round_done into page-locked host memory) one round late: while the GPU
+runs round r + 1 the host applies round r's tokens to its own copy of the sequences. It enqueues
+round r + 1 before reading round r only when round r cannot end the generation by the budget alone
+(an EOS still can: that round's work is then discarded, counted in stats["discarded_rounds"]).
 
 A full cache is compacted on the device too (compact_plan), in stream order between two rounds, so
 the masks never cross to the host and no compaction waits for a read.

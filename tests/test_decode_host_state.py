@@ -1,5 +1,6 @@
 """Host-side bookkeeping of the decode loop on the CPU: the per-row append against the vectorised one,
-and the static cache's in-place compaction (the GPU path's cache, run here over NumPy buffers)."""
+take() (device rounds' host mirror) against append(), and the static cache's in-place compaction
+(the GPU path's cache, run here over NumPy buffers)."""
 import types
 
 import numpy as np
@@ -22,6 +23,23 @@ def test_row_append_equals_vectorised_append():
             assert (rows.append(tokens, counts) == vectorised.append(tokens, counts)).all()
             assert (rows.seq == vectorised.seq).all() and (rows.seq_len == vectorised.seq_len).all()
             assert (rows.finished == vectorised.finished).all()
+
+
+def test_take_applies_appends_decisions():
+    """Device rounds decide on the GPU what each row takes (round_done follows append()'s rules) and the
+    host applies those decisions with take(): given append()'s decisions it ends in append()'s state."""
+    rng = np.random.default_rng(2)
+    for _ in range(500):
+        B, G = int(rng.integers(1, 6)), int(rng.integers(1, 7))
+        budgets = rng.integers(0, 12, B)
+        prompts = [list(rng.integers(3, 9, int(rng.integers(1, 4)))) for _ in range(B)]
+        ref, mirror = _Requests(prompts, budgets, 0, (0, 1), extra=8), _Requests(prompts, budgets, 0, (0, 1), extra=8)
+        for _ in range(4):
+            tokens, counts = rng.integers(0, 6, (B, G)), rng.integers(1, G + 1, B)
+            taken = ref.append(tokens, counts)
+            mirror.take(tokens, taken, ref.finished)
+            assert (mirror.seq == ref.seq).all() and (mirror.seq_len == ref.seq_len).all()
+            assert (mirror.finished == ref.finished).all() and mirror.finished is not ref.finished
 
 
 def _static_cache(batch, heads, dim, capacity, n_tensors=2):

@@ -1,0 +1,28 @@
+"""Device rounds on the tiny test pair, for compute-sanitizer restricted to decode_round.cu's kernels
+and the row sampler (ONNX Runtime's own kernels run unchecked):
+
+    compute-sanitizer --tool memcheck --kernel-name regex:'draft_step_done|round_done|compact_plan' \\
+        python3 benchmarks/sanitize_decode_round.py
+Exits non-zero if a request's tokens break the budget/EOS rules or leave the vocabulary.
+"""
+import sys
+import tempfile
+
+from models.build_tiny import build_tiny_pair
+from specsample_cupy.decoder import SpeculativeDecoder
+
+pair = build_tiny_pair(tempfile.mkdtemp(), vocab_size=48, seed=3)
+dec = SpeculativeDecoder(*pair, device="cuda")
+prompts = ["the rain in spain", "a", "hello there, a longer prompt"]
+bad = 0
+for eos, max_new, gamma in (((0,), 70, 4), ((0, 5, 7), 40, 2)):
+    dec.target_spec.eos_token_ids = eos
+    out = dec.generate(prompts, max_new_tokens=max_new, gamma=gamma, method="exact", temperature=1.0, seed=5)
+    assert out.stats["device_rounds"] is True, out.stats["device_rounds"]
+    for ids in out.token_ids:
+        ends = [j for j, t in enumerate(ids) if t in eos]
+        ok = all(0 <= t < 48 for t in ids) and (ends == [len(ids) - 1] or (not ends and len(ids) == max_new))
+        bad += not ok
+    print(f"eos {eos}: lengths {[len(t) for t in out.token_ids]}, compactions {out.stats['kv_compactions']}")
+print("bad requests:", bad)
+sys.exit(1 if bad else 0)
