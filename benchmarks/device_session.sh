@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device session's checks and measurements: GPU tests (-k "$PYTEST_K", default all but the
 # ASR evaluation; the evaluations need the wheels carried in .whl/), decode benchmarks (device
-# rounds, host rounds, no CUDA graphs) (skipped with NO_BENCH=1), and with SWEEP=1 a B = 1 item-size sweep of the
-# verification kernel. GPU machine, after .device/setup-gpu.sh. Usage: bash benchmarks/device_session.sh OUT
+# rounds, host rounds, no CUDA graphs; skipped with NO_BENCH=1); with SWEEP=1 a B = 1 item-size sweep
+# of the verification kernel, with PROFILE=1 where a device round's time goes, with SANITIZE=1
+# memcheck and racecheck over the device-round kernels. GPU machine, after .device/setup-gpu.sh. Usage: bash benchmarks/device_session.sh OUT
 out=${1:?outdir}
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -20,5 +21,15 @@ fi
 if [ -n "$SWEEP" ]; then
   for s in 1 8 16 32; do
     SPECSAMPLE_MIN_SWEEPS=$s timeout 100 python3 benchmarks/ab_kernel.py 2>&1 | tail -1 | sed "s/^/min sweeps $s: /"
+  done
+fi
+if [ -n "$PROFILE" ]; then
+  timeout 120 python3 benchmarks/profile_device_rounds.py 2>&1 | grep -v "plugin EP" | tail -6
+fi
+if [ -n "$SANITIZE" ]; then
+  for t in memcheck racecheck; do
+    timeout 120 compute-sanitizer --tool $t --kernel-name regex:'draft_step_done|round_done|compact_plan' \
+      python3 benchmarks/sanitize_decode_round.py > "$out/$t.txt" 2>&1
+    echo "$t rc=$?"; grep -E "SUMMARY|bad requests" "$out/$t.txt"
   done
 fi
