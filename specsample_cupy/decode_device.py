@@ -316,7 +316,7 @@ class DeviceRounds:
         errors.raise_if_any(result.error)
         req = self.req
         active = ~req.finished
-        draft_len = np.where(req.finished, 0, np.minimum(G, req.remaining - 1))
+        draft_len = req.draft_lengths(G)   # what round_done set for this round
         taken, finished = report[packed:packed + B], report[packed + B:].astype(bool)
         if (active & (taken <= 0)).any():   # verify() emits >= 1 token where it reports no error
             raise RuntimeError(f"device round {r} emitted nothing for an unfinished request: report {report.tolist()}")

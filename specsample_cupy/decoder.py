@@ -155,6 +155,11 @@ class _Requests:
                 self.finished[b] = True
         return n_new
 
+    def draft_lengths(self, gamma: int) -> np.ndarray:
+        """Drafts each row proposes this round: no more than it may still emit beyond the round's
+        corrected token; 0 for finished rows."""
+        return np.where(self.finished, 0, np.minimum(gamma, self.remaining - 1))
+
     def take(self, tokens: np.ndarray, taken: np.ndarray, finished: np.ndarray) -> np.ndarray:
         """Apply decisions made elsewhere (decode_device's round_done, which follows append()'s rules):
         row b takes tokens[b, :taken[b]]; `finished` is the new finished flags."""
@@ -481,8 +486,7 @@ class SpeculativeDecoder:
     def _speculative_round(self, req, target_cache, draft_cache, draft_tokens_buf, draft_logits_buf, sample_out,
                            gamma, method, temperature, seed, offset_base, gamma_cap, clock):
         batch = req.batch
-        # A request proposes no more drafts than it may still emit beyond the round's corrected token.
-        draft_len = np.where(req.finished, 0, np.minimum(gamma, req.remaining - 1))
+        draft_len = req.draft_lengths(gamma)
         gamma = int(draft_len.max(initial=0))
         vocab = self.target.vocab_size
         draft_tokens = draft_tokens_buf[:batch * gamma].reshape(batch, gamma)

@@ -248,8 +248,7 @@ class StaticDecoderSession(DecoderSession):
                     _widen_ids(self.device_id)(device_ids, dst, self.vocab_size, stream)
                 else:
                     dst[...] = device_ids
-            self._run(step.binding, step.options)
-            self.graph_steps += step.graph_id >= 0
+            self.replay(step)
             # The new columns' keys/values: rows of S*D elements, from pitch (C+S)*D to pitch C*D.
             item = np.dtype(self.kv_dtype).itemsize
             D = self.head_dim
@@ -257,7 +256,6 @@ class StaticDecoderSession(DecoderSession):
                 plan.cache.data.ptr + length * D * item, C * D * item,
                 step.present.data.ptr + C * D * item, (C + S) * D * item,
                 S * D * item, step.present.shape[0] * batch * self.n_kv_heads, _D2D, stream.ptr)
-            self._keep_alive = (step,)
         cache.advance(new_mask)
         return step.logits
 

@@ -6,16 +6,11 @@ pytest.importorskip("onnxruntime")
 
 from specsample_cupy import decoder as decoder_module  # noqa: E402
 from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
-from specsample_cupy.sessions import cuda_available  # noqa: E402
 from specsample_cupy.sessions_cache import buffer_ptr  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not cuda_available(),
-                       reason="needs CuPy, a CUDA device and onnxruntime-gpu's CUDAExecutionProvider"),
-]
+from helpers_decode_gpu import GPU_DECODE, PROMPTS  # noqa: E402
 
-PROMPTS = ["the rain in spain", "a", "hello there, a longer prompt", "sea"]
+pytestmark = GPU_DECODE
 
 
 @pytest.fixture(scope="module")
