@@ -28,7 +28,7 @@ if [ -n "$PROFILE" ]; then
 fi
 if [ -n "$SANITIZE" ]; then
   for t in memcheck racecheck; do
-    timeout 120 compute-sanitizer --tool $t --kernel-name regex:'draft_step_done|round_done|compact_plan' \
+    timeout 120 compute-sanitizer --tool $t --kernel-name kns=draft_step_done --kernel-name kns=round_done --kernel-name kns=compact_plan \
       python3 benchmarks/sanitize_decode_round.py > "$out/$t.txt" 2>&1
     echo "$t rc=$?"; grep -E "SUMMARY|bad requests" "$out/$t.txt"
   done

@@ -1,7 +1,8 @@
 """Device rounds on the tiny test pair, for compute-sanitizer restricted to decode_round.cu's kernels
 and the row sampler (ONNX Runtime's own kernels run unchecked):
 
-    compute-sanitizer --tool memcheck --kernel-name regex:'draft_step_done|round_done|compact_plan' \\
+    compute-sanitizer --tool memcheck --kernel-name kns=draft_step_done --kernel-name kns=round_done \\
+        --kernel-name kns=compact_plan \\
         python3 benchmarks/sanitize_decode_round.py
 Exits non-zero if a request's tokens break the budget/EOS rules or leave the vocabulary.
 """

@@ -65,11 +65,11 @@ def _put_column(dst, i: int, src):
 
 
 @contextlib.contextmanager
-def _timed_runs(sessions, clock):
+def _timed_runs(sessions, clock, kind="model"):
     """Model time is the GPU time of the model runs alone: each session wraps its run call in the
-    clock's "model" span, so feeds, cache commits, sampling and idle gaps all count as overhead."""
+    clock's `kind` span, so feeds, cache commits, sampling and idle gaps all count as overhead."""
     for session in sessions:
-        session.run_span = functools.partial(clock.span, "model")
+        session.run_span = functools.partial(clock.span, kind)
     try:
         yield
     finally:
@@ -180,8 +180,8 @@ class _Clock:
 
     def __init__(self, stream, pool: list):
         self.stream = stream
-        self._events = {"model": [], "verify": [], "sampling": []}
-        self._seconds = {"model": 0.0, "verify": 0.0, "sampling": 0.0}
+        self._events = {"model": [], "prefill": [], "verify": [], "sampling": []}
+        self._seconds = {"model": 0.0, "prefill": 0.0, "verify": 0.0, "sampling": 0.0}
         self._pool, self._used = pool, 0   # events are reused across generate() calls: creating one costs µs
 
     def _event(self):
@@ -239,7 +239,8 @@ class SpeculativeDecoder:
     """
 
     # CUDA events around every model run give stats["model_time_s"]; they take GPU time of their own
-    # (a few µs per run), so a benchmark of the wall alone may turn them off (those stats are then None).
+    # (a few µs per run), so a benchmark of the wall alone may turn them off (those stats are then None;
+    # the prefill's few runs stay timed: stats["prefill_model_time_s"]).
     time_model_runs = True
 
     def __init__(self, target=None, draft=None, device: str | None = None, *, kv_slack: int = 32,
@@ -331,6 +332,8 @@ class SpeculativeDecoder:
         acceptance_rate (accepted / proposed drafts), mean_accepted_per_round (per request),
         generated_tokens, tokens_per_s, verify_time_per_round_s, model_time_s (draft and target runs:
         on CUDA the GPU time between events around each ONNX Runtime run call alone),
+        prefill_model_time_s (the prompts' runs, part of model_time_s and timed even when
+        time_model_runs is off),
         wall_s (from the call until the texts are ready; reading the CUDA events for these stats comes
         after), host_overhead_per_round_s (wall time outside model runs and verify, per round: feeds,
         cache commits, sampling, bookkeeping and every GPU idle gap), sampling_time_s (the draft's and
@@ -392,13 +395,14 @@ class SpeculativeDecoder:
                 for b in np.flatnonzero(n_new):
                     on_tokens(int(b), req.seq[b, req.seq_len[b] - n_new[b]:req.seq_len[b]].tolist())
 
-        timing = _timed_runs(sessions, clock) if self.time_model_runs else contextlib.nullcontext()
-        with self._on_stream(), timing:
+        with self._on_stream(), _timed_runs(sessions, clock, "prefill"):
             target_cache = self.target.new_cache(req.batch, capacity, kv_slack)
             self._prefill(self.target, target_cache, req, clock)
             if speculative:
                 draft_cache = self.draft.new_cache(req.batch, capacity, kv_slack)
                 self._prefill(self.draft, draft_cache, req, clock)
+        timing = _timed_runs(sessions, clock) if self.time_model_runs else contextlib.nullcontext()
+        with self._on_stream(), timing:
             if speculative and why_not_device is None:
                 rounds = decode_device.DeviceRounds(
                     self, req, target_cache, draft_cache, gamma=gamma, gamma_cap=gamma_cap, method=method,
@@ -432,7 +436,8 @@ class SpeculativeDecoder:
         token_ids = [req.generated(b) for b in range(req.batch)]
         texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in token_ids]
         wall_s = time.perf_counter() - wall_start   # the stats' own readout below is not decoding time
-        model_s, verify_s, sampling_s = (clock.seconds(k) for k in ("model", "verify", "sampling"))
+        prefill_s, verify_s, sampling_s = (clock.seconds(k) for k in ("prefill", "verify", "sampling"))
+        model_s = clock.seconds("model") + prefill_s
         run_host_s = self.target.run_host_s + self.draft.run_host_s - run_host_start
         rounds = max(totals["rounds"], 1)
         generated = sum(len(t) for t in token_ids)
@@ -446,6 +451,7 @@ class SpeculativeDecoder:
             "generated_tokens": generated, "tokens_per_s": generated / wall_s if wall_s > 0 else 0.0,
             "verify_time_per_round_s": verify_s / rounds, "wall_s": wall_s,
             "model_time_s": model_s if self.time_model_runs else None,
+            "prefill_model_time_s": prefill_s,
             "host_overhead_per_round_s": max(wall_s - model_s - verify_s, 0.0) / rounds if self.time_model_runs
             else None,
             # Wall time outside ONNX Runtime's run calls (feeds, bindings, sampling, verify, the read).

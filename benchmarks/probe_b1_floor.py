@@ -1,0 +1,108 @@
+"""The floor under `exact` at B = 1, gamma = 5: device time of the least work any exact verifier
+must do, measured the way `bench verify` measures (CUDA events, calls queued behind a busy kernel,
+inputs rotated through more than twice the L2 so every call reads from HBM).
+
+  empty      one empty block: the events' and the launch's own cost.
+  read+1     read every logit of the 2 gamma + 1 rows once (16-byte loads, 8 in flight per
+             thread), reduce them to one number per block (an exp2 per logit, as the softmax
+             statistics take), then one grid-wide hand-off: the last block to arrive combines the
+             partials and writes the result. Any exact method needs at least this (the softmax
+             normalisers of every row), and then a second dependent step (acceptance, then the
+             residual race over row n) that this probe leaves out.
+  exact      verify(method="exact") on the same inputs, for comparison.
+Each kernel is timed at several grid sizes; the table gives the best.
+Usage (GPU): python3 benchmarks/probe_b1_floor.py"""
+import cupy as cp
+import numpy as np
+
+from specsample_cupy import bench_verify as bv
+
+SOURCE = r"""
+extern "C" __global__ void empty() {}
+
+// Parallel decomposition: a grid-stride loop of 16-byte loads over the two logit arrays seen as one
+// range; each block reduces its share to one float, publishes it, and the last block to arrive
+// (one atomic counter) sums the partials and resets the counter.
+extern "C" __global__ void __launch_bounds__(256) read_plus_one(
+    const float4* __restrict__ a, long long na, const float4* __restrict__ b, long long nb,
+    float* partial, unsigned* counter, float* out) {
+  const long long n = na + nb, stride = (long long)gridDim.x * 256;
+  float s = 0.f;
+  for (long long base = (long long)blockIdx.x * 256 + threadIdx.x; base < n; base += 8 * stride) {
+    float4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const long long k = base + u * stride;
+      v[u] = k < na ? __ldg(a + k) : (k < n ? __ldg(b + (k - na)) : make_float4(-1e30f, -1e30f, -1e30f, -1e30f));
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) s += exp2f(v[u].x) + exp2f(v[u].y) + exp2f(v[u].z) + exp2f(v[u].w);
+  }
+  __shared__ float warp_sum[8];
+  __shared__ bool last;
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x >> 5] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0.f;
+    for (int w = 0; w < 8; ++w) t += warp_sum[w];
+    partial[blockIdx.x] = t;
+    __threadfence();
+    last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  float t = 0.f;
+  for (int k = threadIdx.x; k < gridDim.x; k += 256) t += *(volatile float*)(partial + k);
+  for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x >> 5] = t;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float u = 0.f;
+    for (int w = 0; w < 8; ++w) u += warp_sum[w];
+    *out = u;
+    *counter = 0;
+  }
+}
+"""
+
+
+def time_calls(call, reps=40):
+    stream = cp.cuda.get_current_stream()
+    for _ in range(3):
+        call(0)
+    starts, ends = [cp.cuda.Event() for _ in range(reps)], [cp.cuda.Event() for _ in range(reps)]
+    bv.hold_device(cp, 0.002 + reps * 200e-6)
+    for k in range(reps):
+        starts[k].record(stream)
+        call(k)
+        ends[k].record(stream)
+    ends[-1].synchronize()
+    return float(np.median([cp.cuda.get_elapsed_time(s, e) * 1e3 for s, e in zip(starts, ends)]))
+
+
+def main():
+    module = cp.RawModule(code=SOURCE)
+    empty, read_plus_one = module.get_function("empty"), module.get_function("read_plus_one")
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    partial, counter, out = cp.zeros(8 * sms * 8, cp.float32), cp.zeros(1, cp.uint32), cp.zeros(1, cp.float32)
+    print(f"empty kernel: {time_calls(lambda k: empty((1,), (1,), ())):.2f} us")
+    print("V, dtype float32, B=1, gamma=5: read+1 best (grid) | all grids | exact")
+    for V in (32000, 151936, 256000):
+        inputs = bv.make_inputs(cp, 1, 5, V, "float32")
+        results = {}
+        for grid in (sms, 2 * sms, 4 * sms, 8 * sms):
+            def call(k, grid=grid):
+                _, draft, target = inputs[k % len(inputs)]
+                read_plus_one((grid,), (256,), (target, np.int64(target.size // 4), draft, np.int64(draft.size // 4),
+                                                partial, counter, out))
+            results[grid] = time_calls(call)
+        exact = bv.time_method(cp, "exact", inputs, 40)[0] * 1e6
+        best = min(results, key=results.get)
+        cells = " ".join(f"{g}:{t:.2f}" for g, t in results.items())
+        print(f"V={V}: read+1 {results[best]:.2f} us (grid {best}) | {cells} | exact {exact:.2f} us")
+
+
+if __name__ == "__main__":
+    main()
