@@ -24,7 +24,7 @@ struct Commit {  // copy `words` 4-byte words per row: present[r][src + w] -> ca
   long long present_pitch, cache_pitch, src, dst;
 };
 
-__device__ void commit_columns(const Commit& c, int block, int blocks) {
+__device__ __forceinline__ void commit_columns(const Commit& c, int block, int blocks) {
   const long long total = (long long)c.rows * c.words;
   for (long long k = (long long)block * blockDim.x + threadIdx.x; k < total; k += (long long)blocks * blockDim.x) {
     const long long r = k / c.words, w = k - r * c.words;
@@ -36,7 +36,7 @@ __device__ __forceinline__ long long clamp_id(int t, int vocab) { return t < 0 ?
 __device__ __forceinline__ long long clamp_pos(long long p, long long limit) { return p < 0 ? 0 : (p < limit ? p : limit); }
 
 // Inclusive prefix sum of one int per thread over the block; *total gets the block's sum.
-__device__ int block_scan(int v, int* total) {
+__device__ __forceinline__ int block_scan(int v, int* total) {
   __shared__ int warp_sums[SS_WARPS];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
@@ -57,25 +57,40 @@ __device__ int block_scan(int v, int* total) {
   return v + before;
 }
 
-// One row's slot mask: slots [at, at + n) take new[0..n), then only the first `keep` real slots stay
-// real (KVCache.rollback). Returns the row's real slots afterwards. Called by the whole block.
-__device__ long long roll_back_row(long long* mask, int C, long long keep, int at, int n, const long long* added) {
-  long long seen = 0;
+// Both slot masks of one row rolled back in one scan (KVCache.rollback): the target's slots
+// [at, at + n) first take added[0..n) (its run's new columns), then each mask keeps only its first
+// `keep` real slots. The draft's result is also written to draft_copy (the next draft feed's mask).
+// Returns the draft row's real slots afterwards. Called by the whole block. The two counts travel
+// packed in one int (16 bits each: a chunk adds at most blockDim.x to either).
+__device__ __forceinline__ long long roll_back_rows(long long* mask_t, long long* mask_d, long long* draft_copy, int C,
+                                                    long long keep, int at, int n, const long long* added) {
+  long long seen_t = 0, seen_d = 0;
   for (int c0 = 0; c0 < C; c0 += blockDim.x) {
     const int c = c0 + threadIdx.x;
-    int real = 0;
-    if (c < C) real = ((c >= at && c < at + n) ? added[c - at] : mask[c]) != 0;
+    int real_t = 0, real_d = 0;
+    if (c < C) {
+      real_t = ((c >= at && c < at + n) ? added[c - at] : mask_t[c]) != 0;
+      real_d = mask_d[c] != 0;
+    }
     int total;
-    const long long rank = seen + block_scan(real, &total);
-    if (c < C) mask[c] = real && rank <= keep;
-    seen += total;
+    const int ranks = block_scan(real_t | (real_d << 16), &total);
+    if (c < C) {
+      const long long keep_d = real_d && seen_d + (ranks >> 16) <= keep;
+      mask_t[c] = real_t && seen_t + (ranks & 0xffff) <= keep;
+      mask_d[c] = keep_d;
+      draft_copy[c] = keep_d;
+    }
+    seen_t += total & 0xffff;
+    seen_d += total >> 16;
   }
-  return seen < keep ? seen : keep;
+  return seen_d < keep ? seen_d : keep;
 }
 
 // After draft run `step` of G: sample its token, keep its logits for verify(), commit its key/value
 // columns and mask, and write the next run's feeds (the next draft run's, S = 1, or after the last
 // step the target's, S = G + 1: the row's last token, then its G drafts).
+// Blocks 0..B-1 sample (the only part that needs the token), blocks B..2B-1 do each row's mask and
+// feed work meanwhile, blocks 2B.. copy key/value columns.
 template <class T, int VEC>
 __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
     const typename T::storage* __restrict__ logits, int S_run, int V, float temperature,
@@ -85,42 +100,47 @@ __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
     const long long* __restrict__ mask_t, const long long* __restrict__ seq, int seq_pitch,
     const long long* __restrict__ seq_len, const long long* __restrict__ finished, const int* __restrict__ draft_len,
     long long pos_limit, int B, Commit commit) {
-  if ((int)blockIdx.x >= B) {
-    commit_columns(commit, blockIdx.x - B, gridDim.x - B);
+  const int S = next_is_target ? G + 1 : 1;  // the next run's columns
+  if ((int)blockIdx.x >= 2 * B) {
+    commit_columns(commit, blockIdx.x - 2 * B, gridDim.x - 2 * B);
     return;
   }
-  const int b = blockIdx.x;
-  const int token = sample_row<T, VEC>(logits + ((long long)b * S_run + S_run - 1) * V, V, temperature, seed,
-                                       offset, SS_PURPOSE_SAMPLE, b, draft_logits + ((long long)b * G + step) * V);
+  if ((int)blockIdx.x < B) {
+    const int b = blockIdx.x;
+    const int token = sample_row<T, VEC>(logits + ((long long)b * S_run + S_run - 1) * V, V, temperature, seed,
+                                         offset, SS_PURPOSE_SAMPLE, b, draft_logits + ((long long)b * G + step) * V);
+    if (threadIdx.x == 0) {
+      draft_tokens[b * G + step] = token;
+      next_feed[next_is_target ? b * S + step + 1 : b] = clamp_id(token, V);
+    }
+    return;
+  }
+  const int b = blockIdx.x - B;
   const long long* added = run_feed + 2LL * B * S_run + (long long)b * (C + S_run) + C;
   long long* row_mask = mask_d + (long long)b * C;
+  long long* next_mask = next_feed + 2LL * B * S + (long long)b * (C + S);
   const long long L = seq_len[b];
   const int dl = draft_len[b];
-  if (threadIdx.x == 0) draft_tokens[b * G + step] = token;
   if (!next_is_target) {  // the next draft run feeds this token at position L + step
-    long long* next_mask = next_feed + 2LL * B + (long long)b * (C + 1);
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
       long long v = row_mask[c];
       if (c >= L_run && c < L_run + S_run) row_mask[c] = v = added[c - L_run];
       next_mask[c] = v;
     }
     if (threadIdx.x == 0) {
-      next_feed[b] = clamp_id(token, V);
       next_feed[B + b] = clamp_pos(L + step, pos_limit);
       next_mask[C] = step + 1 < dl;
     }
     return;
   }
-  const int S = G + 1;
-  long long* next_mask = next_feed + 2LL * B * S + (long long)b * (C + S);
   if ((int)threadIdx.x < S_run) row_mask[L_run + threadIdx.x] = added[threadIdx.x];
   for (int c = threadIdx.x; c < C; c += blockDim.x) next_mask[c] = mask_t[(long long)b * C + c];
+  const bool live = !finished[b];
   for (int j = threadIdx.x; j < S; j += blockDim.x) {
-    const long long id = j == 0 ? seq[(long long)b * seq_pitch + (L > 0 ? L - 1 : 0)]
-                                : clamp_id(j - 1 == step ? token : draft_tokens[b * G + j - 1], V);
-    next_feed[b * S + j] = id;
+    if (j == 0) next_feed[b * S] = seq[(long long)b * seq_pitch + (L > 0 ? L - 1 : 0)];
+    else if (j - 1 != step) next_feed[b * S + j] = clamp_id(draft_tokens[b * G + j - 1], V);
     next_feed[(long long)B * S + b * S + j] = clamp_pos(L - 1 + j, pos_limit);
-    next_mask[C + j] = j <= dl && !finished[b];
+    next_mask[C + j] = j <= dl && live;
   }
 }
 
@@ -131,7 +151,10 @@ __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
 //   verify_out [accepted B | emitted B | error B | tokens B*(G+1)] (VerifyResult.packed)
 //   report     verify_out, then [taken B | finished B]
 // With target_cols = 0 and every emitted count 0 it only prepares the first round.
-__global__ void __launch_bounds__(SS_THREADS) round_done(
+// Blocks 0..B-1: one request row each (its G + 1 tokens are read and checked against the EOS ids by
+// as many threads at once); blocks B..: key/value column copies. G + 1 <= blockDim.x.
+// (Min. 1 block per SM: otherwise ptxas squeezes it into 32 registers and spills; it runs B blocks.)
+__global__ void __launch_bounds__(SS_THREADS, 1) round_done(
     const int* __restrict__ verify_out, int G, const long long* __restrict__ target_feed, int target_cols,
     long long* __restrict__ mask_t, long long* __restrict__ mask_d, int C, int L_target,
     long long* __restrict__ seq, int seq_pitch, long long* __restrict__ seq_len, const long long* __restrict__ limit,
@@ -142,56 +165,57 @@ __global__ void __launch_bounds__(SS_THREADS) round_done(
     commit_columns(commit, blockIdx.x - B, gridDim.x - B);
     return;
   }
-  __shared__ long long s_len;
-  __shared__ int s_done;
-  const int b = blockIdx.x;
+  __shared__ int s_token[SS_THREADS], s_stop[SS_THREADS];
+  __shared__ int s_taken, s_done;
+  const int b = blockIdx.x, j = threadIdx.x;
   const int* tokens = verify_out + 3 * B + b * (G + 1);
-  if (threadIdx.x == 0) {
-    const int error = verify_out[2 * B + b];
-    long long L = seq_len[b];
-    int done = (int)finished[b], taken = 0;
-    if (!done) {
-      const long long room = limit[b] - L;
-      const int emitted = error ? 0 : verify_out[B + b];
-      bool hit_eos = false;
-      for (int j = 0; j < emitted && j < room && !hit_eos; ++j) {
-        const int t = tokens[j];
-        seq[(long long)b * seq_pitch + L + j] = t;
-        taken = j + 1;
-        for (int e = 0; e < n_eos; ++e) hit_eos |= eos[e] == t;
-      }
-      L += taken;
-      done = hit_eos || room - taken <= 0;
-      seq_len[b] = L;
-      finished[b] = done;
+  const long long L0 = seq_len[b], room = limit[b] - L0;
+  const int error = verify_out[2 * B + b], emitted = verify_out[B + b];
+  const bool was_done = finished[b] != 0;
+  if (j <= G) {
+    const int t = tokens[j];
+    bool is_eos = false;
+    for (int e = 0; e < n_eos; ++e) is_eos |= eos[e] == t;
+    s_token[j] = t;
+    s_stop[j] = is_eos;
+    report[3 * B + b * (G + 1) + j] = t;
+  }
+  __syncthreads();
+  if (j == 0) {
+    int taken = 0;
+    bool hit_eos = false;
+    if (!was_done) {
+      const int n = error ? 0 : emitted;
+      while (taken < n && taken < room && !hit_eos) hit_eos = s_stop[taken++];
     }
+    const int done = was_done || hit_eos || room - taken <= 0;
+    s_taken = taken;
+    s_done = done;
+    seq_len[b] = L0 + taken;
+    finished[b] = done;
     report[b] = verify_out[b];
-    report[B + b] = verify_out[B + b];
+    report[B + b] = emitted;
     report[2 * B + b] = error;
     report[3 * B + B * (G + 1) + b] = taken;
     report[4 * B + B * (G + 1) + b] = done;
-    s_len = L;
-    s_done = done;
   }
-  for (int j = threadIdx.x; j <= G; j += blockDim.x) report[3 * B + b * (G + 1) + j] = tokens[j];
   __syncthreads();
-  const long long L = s_len, keep = L - 1;
+  const int taken = s_taken, done = s_done;
+  if (j < taken) seq[(long long)b * seq_pitch + L0 + j] = s_token[j];
+  const long long L = L0 + taken;
   const int S_t = G + 1;
-  roll_back_row(mask_t + (long long)b * C, C, keep, L_target, target_cols,
-                target_feed + 2LL * B * S_t + (long long)b * (C + S_t) + C);
-  const long long seen = roll_back_row(mask_d + (long long)b * C, C, keep, 0, 0, nullptr);
-  const long long room = limit[b] - L - 1;
-  const int dl = s_done ? 0 : (int)(room < gamma_next ? room : gamma_next);
-  if (threadIdx.x == 0) draft_len[b] = dl;
-  __syncthreads();  // the rolled-back draft mask, read below by other threads
   long long* next_mask = feed0 + 4LL * B + (long long)b * (C + 2);
-  for (int c = threadIdx.x; c < C; c += blockDim.x) next_mask[c] = mask_d[(long long)b * C + c];
-  if (threadIdx.x < 2) {
-    const long long src = L - 2 + threadIdx.x;
+  const long long seen = roll_back_rows(mask_t + (long long)b * C, mask_d + (long long)b * C, next_mask, C, L - 1,
+                                        L_target, target_cols, target_feed + 2LL * B * S_t + (long long)b * (C + S_t) + C);
+  const long long room_next = limit[b] - L - 1;
+  const int dl = done ? 0 : (int)(room_next < gamma_next ? room_next : gamma_next);
+  if (j == 0) draft_len[b] = dl;
+  if (j < 2) {  // the seq writes above are this block's own; block_scan's barriers ordered them
+    const long long src = L - 2 + j;
     const bool real = dl > 0 && src >= seen;
-    feed0[b * 2 + threadIdx.x] = real ? seq[(long long)b * seq_pitch + (src > 0 ? src : 0)] : pad_id;
-    feed0[2 * B + b * 2 + threadIdx.x] = clamp_pos(src, pos_limit);
-    next_mask[C + threadIdx.x] = real;
+    feed0[b * 2 + j] = real ? seq[(long long)b * seq_pitch + (src > 0 ? src : 0)] : pad_id;
+    feed0[2 * B + b * 2 + j] = clamp_pos(src, pos_limit);
+    next_mask[C + j] = real;
   }
 }
 

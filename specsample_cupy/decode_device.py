@@ -60,10 +60,12 @@ def _functions(device_id: int, tag: str, vec: int):
     return tuple(module.get_function(name) for name in names)
 
 
-def supported(target, draft, adaptive_gamma: bool) -> str | None:
+def supported(target, draft, adaptive_gamma: bool, gamma: int) -> str | None:
     """None when the pair can decode with device rounds, else why not."""
     if adaptive_gamma:
         return "adaptive gamma"
+    if gamma + 1 > THREADS:
+        return f"gamma over {THREADS - 1}"   # round_done reads a row's gamma + 1 tokens with one thread each
     if not (isinstance(target, StaticDecoderSession) and isinstance(draft, StaticDecoderSession)):
         return "a model without CUDA graphs"
     if target.logits_dtype != draft.logits_dtype or target.logits_dtype.char not in "fe":
@@ -176,7 +178,7 @@ class _RoundBuffers:
                 ("seq_pitch", c.c_int32(self.P)), ("seq_len", c.c_void_p(dev["seq_len"].data.ptr)),
                 ("finished", c.c_void_p(dev["finished"].data.ptr)),
                 ("draft_len", c.c_void_p(self.draft_len.data.ptr)), ("pos_limit", c.c_int64()), ("B", c.c_int32(B))],
-                commit, B + _copy_blocks(commit.rows, commit.words)))
+                commit, 2 * B + _copy_blocks(commit.rows, commit.words)))
         commit = self._commit(target, self.target_step)
         self.done_words = commit.words
         self.done_launch = _Launch(done_kernel.kernel.ptr, [

@@ -382,7 +382,7 @@ class SpeculativeDecoder:
         # Speculative round r draws with offsets r * per_round + i (draft run i) and r * per_round + gamma_cap
         # (verify), on either path, so that both give the same tokens.
         per_round = gamma_cap + 1
-        why_not_device = self._why_not_device_rounds(speculative, adaptive_gamma)
+        why_not_device = self._why_not_device_rounds(speculative, adaptive_gamma, gamma)
         discarded = 0
 
         def count(active, n_new, draft_len=None, accepted=None):
@@ -469,7 +469,7 @@ class SpeculativeDecoder:
         }
         return GenerationOutput(texts, token_ids, stats)
 
-    def _why_not_device_rounds(self, speculative: bool, adaptive_gamma: bool) -> str | None:
+    def _why_not_device_rounds(self, speculative: bool, adaptive_gamma: bool, gamma: int) -> str | None:
         """None when this generate() runs device rounds (decode_device), else why it does not."""
         if self.device != "cuda":
             return "cpu"
@@ -477,7 +477,7 @@ class SpeculativeDecoder:
             return "off"
         if not speculative:
             return "target only"
-        return decode_device.supported(self.target, self.draft, adaptive_gamma)
+        return decode_device.supported(self.target, self.draft, adaptive_gamma, gamma)
 
     def _prefill(self, session: DecoderSession, cache, req: _Requests, clock: _Clock):
         """Feed each prompt but its last token; every round starts by feeding the last token so far."""

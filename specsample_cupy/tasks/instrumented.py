@@ -94,7 +94,7 @@ class StepRecorder:
             return ids
         return super().encode_prompts(prompts)
 
-    def _why_not_device_rounds(self, speculative, adaptive_gamma):
+    def _why_not_device_rounds(self, speculative, adaptive_gamma, gamma):
         # The records and stop strings hook the host-driven round; device rounds have no such hook.
         return "per-round records and stop strings"
 
