@@ -14,7 +14,7 @@ from specsample_cupy.decoder import SpeculativeDecoder
 from specsample_cupy.sessions_static import StaticDecoderSession
 
 pieces = collections.defaultdict(list)
-first = {}
+first, last = {}, {}
 
 
 def wrap(owner, name, label):
@@ -25,7 +25,8 @@ def wrap(owner, name, label):
         try:
             return real(*args, **kwargs)
         finally:
-            pieces[label].append(time.perf_counter() - started)
+            last[label] = time.perf_counter()
+            pieces[label].append(last[label] - started)
             first.setdefault(label, started)
     setattr(owner, name, timed)
 
@@ -38,6 +39,7 @@ wrap(StaticDecoderSession, "forward", "forward (prefill)")
 wrap(sessions.DecoderSession, "_run", "onnxruntime run call")
 wrap(decode_device.DeviceRounds, "__init__", "DeviceRounds init")
 wrap(decode_device.DeviceRounds, "_enqueue", "enqueue a round")
+wrap(decode_device.DeviceRounds, "_read", "read a report")
 
 dec = SpeculativeDecoder(device="cuda")
 prompts = list(DEFAULT_PROMPTS[:4])
@@ -46,14 +48,27 @@ for _ in range(3):
     dec.generate(prompts, **kwargs)
 calls = 10
 pieces.clear()
-starts = []
+starts, tails = [], []
 for _ in range(calls):
     first.clear()
     t0 = time.perf_counter()
     out = dec.generate(prompts, **kwargs)
     starts.append({k: v - t0 for k, v in first.items()})
+    tails.append(t0 + out.stats["wall_s"] - last["read a report"])
 print(f"per call ({calls} calls, rounds {out.stats['rounds']}): host us, median per occurrence x occurrences per call")
 for label, times in pieces.items():
     per_call = len(times) // calls
     started = np.median([s[label] for s in starts if label in s]) * 1e6
     print(f"  {label:22s} {np.median(times) * 1e6:8.1f} x {per_call:3d}   first starts at {started:7.1f}")
+print(f"  after the last read, until the texts are ready: {np.median(tails) * 1e6:.1f} us")
+tok = dec.tokenizer
+for label, decode in (("decode, one call per text", lambda ids: [tok.decode(i, skip_special_tokens=True) for i in ids]),
+                      ("decode_batch", lambda ids: tok.decode_batch(ids, skip_special_tokens=True)),
+                      ("encode, one call per text", lambda _: [tok.encode(p).ids for p in prompts]),
+                      ("encode_batch_fast", lambda _: [e.ids for e in tok.encode_batch_fast(prompts)])):
+    runs = []
+    for _ in range(20):
+        started = time.perf_counter()
+        decode(out.token_ids)
+        runs.append(time.perf_counter() - started)
+    print(f"  tokenizer {label}: {np.median(runs) * 1e6:.1f} us")

@@ -304,13 +304,21 @@ class DeviceRounds:
         done(stream)
         self.report_events[slot].record(stream)
 
+    def _wait(self, r: int):
+        """Wait until round r's report is in host memory."""
+        import time
+        started = time.perf_counter()
+        self.report_events[r % 2].synchronize()
+        self.dec._read_wait_s += time.perf_counter() - started
+
+    def _finishes_all(self, r: int) -> bool:
+        """Whether round r (its report in host memory) left every request finished: its report's flags."""
+        return bool(self.host_reports[r % 2][-self.B:].all())
+
     def _read(self, r: int):
         """Wait for round r's report; apply it to the host's sequences."""
-        import time
         slot, B, G = r % 2, self.B, self.gamma
-        started = time.perf_counter()
-        self.report_events[slot].synchronize()
-        self.dec._read_wait_s += time.perf_counter() - started
+        self._wait(r)
         self._unread -= 1
         report = self.host_reports[slot].copy()
         packed = 3 * B + B * (G + 1)
@@ -367,10 +375,14 @@ class DeviceRounds:
             ahead = self._can_run_ahead()
             if ahead:
                 self._enqueue(r + 1)
+            else:
+                # Round r may end the generation: wait for its report, and when its finished flags say
+                # it did not, enqueue round r + 1 before the host applies round r (the GPU waits less).
+                self._wait(r)
+                if not self._finishes_all(r):
+                    self._enqueue(r + 1)
             yield self._read(r)
             if self.req.finished.all():
                 self.discarded += ahead
                 return
-            if not ahead:
-                self._enqueue(r + 1)
             r += 1

@@ -292,7 +292,7 @@ class SpeculativeDecoder:
         return DecoderSession(spec, self.device, self.stream, device_id)
 
     def encode_prompts(self, prompts) -> list[list[int]]:
-        prompt_ids = [self.target_spec.encode(p) for p in prompts]
+        prompt_ids = self.target_spec.encode_batch(prompts)
         for i, ids in enumerate(prompt_ids):
             if self.context_length and len(ids) >= self.context_length:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens; the models' context holds "
@@ -397,10 +397,11 @@ class SpeculativeDecoder:
 
         with self._on_stream(), _timed_runs(sessions, clock, "prefill"):
             target_cache = self.target.new_cache(req.batch, capacity, kv_slack)
-            self._prefill(self.target, target_cache, req, clock)
+            runs = [(self.target, target_cache)]
             if speculative:
                 draft_cache = self.draft.new_cache(req.batch, capacity, kv_slack)
-                self._prefill(self.draft, draft_cache, req, clock)
+                runs.append((self.draft, draft_cache))
+            self._prefill(runs, req)
         timing = _timed_runs(sessions, clock) if self.time_model_runs else contextlib.nullcontext()
         with self._on_stream(), timing:
             if speculative and why_not_device is None:
@@ -479,15 +480,20 @@ class SpeculativeDecoder:
             return "target only"
         return decode_device.supported(self.target, self.draft, adaptive_gamma, gamma)
 
-    def _prefill(self, session: DecoderSession, cache, req: _Requests, clock: _Clock):
-        """Feed each prompt but its last token; every round starts by feeding the last token so far."""
+    def _prefill(self, runs, req: _Requests):
+        """Feed each prompt but its last token to every (session, cache) of `runs`, chunk by chunk; every
+        round starts by feeding the last token so far. The caches start empty and take the same columns,
+        so each chunk's feeds are built once, and the models' runs alternate."""
+        first_cache = runs[0][1]
         while True:
-            n_real = cache.n_real
+            n_real = first_cache.n_real
             upto = np.minimum(req.seq_len - 1, n_real + self.prefill_chunk)
             rows = upto > n_real
             if not rows.any():
                 return
-            session.forward(cache, *req.columns(n_real, upto, rows=rows))
+            columns = req.columns(n_real, upto, rows=rows)
+            for session, cache in runs:
+                session.forward(cache, *columns)
 
     def _speculative_round(self, req, target_cache, draft_cache, draft_tokens_buf, draft_logits_buf, sample_out,
                            gamma, method, temperature, seed, offset_base, gamma_cap, clock):
