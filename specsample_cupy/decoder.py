@@ -292,7 +292,7 @@ class SpeculativeDecoder:
         return DecoderSession(spec, self.device, self.stream, device_id)
 
     def encode_prompts(self, prompts) -> list[list[int]]:
-        prompt_ids = self.target_spec.encode_batch(prompts)
+        prompt_ids = [self.target_spec.encode(p) for p in prompts]
         for i, ids in enumerate(prompt_ids):
             if self.context_length and len(ids) >= self.context_length:
                 raise ValueError(f"prompt {i} has {len(ids)} tokens; the models' context holds "
@@ -434,8 +434,7 @@ class SpeculativeDecoder:
             if self.stream is not None:
                 self.stream.synchronize()   # a discarded round may still run
 
-        token_ids = [req.generated(b) for b in range(req.batch)]
-        texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in token_ids]
+        token_ids, texts = self._outputs(req)
         wall_s = time.perf_counter() - wall_start   # the stats' own readout below is not decoding time
         prefill_s, verify_s, sampling_s = (clock.seconds(k) for k in ("prefill", "verify", "sampling"))
         model_s = clock.seconds("model") + prefill_s
@@ -469,6 +468,11 @@ class SpeculativeDecoder:
             "discarded_rounds": discarded,
         }
         return GenerationOutput(texts, token_ids, stats)
+
+    def _outputs(self, req: _Requests):
+        """Each request's generated ids and their text."""
+        token_ids = [req.generated(b) for b in range(req.batch)]
+        return token_ids, [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in token_ids]
 
     def _why_not_device_rounds(self, speculative: bool, adaptive_gamma: bool, gamma: int) -> str | None:
         """None when this generate() runs device rounds (decode_device), else why it does not."""

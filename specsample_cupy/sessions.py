@@ -91,17 +91,7 @@ class ModelSpec:
                    bos[0] if bos else None, pad[0], Tokenizer.from_file(str(model_dir / "tokenizer.json")))
 
     def encode(self, text: str) -> list[int]:
-        return self._start_token_if_empty(self.tokenizer.encode(text).ids)
-
-    def encode_batch(self, texts) -> list[list[int]]:
-        """encode() of each text; several at once through the tokenizer's parallel batch call (without
-        character offsets where the tokenizers version offers that)."""
-        if len(texts) == 1:
-            return [self.encode(texts[0])]
-        batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
-        return [self._start_token_if_empty(e.ids) for e in batch(list(texts))]
-
-    def _start_token_if_empty(self, ids: list[int]) -> list[int]:
+        ids = self.tokenizer.encode(text).ids
         if not ids:
             # An empty prompt still needs one token to condition on; start from BOS (or EOS, as GPT-2 does).
             start = self.bos_token_id if self.bos_token_id is not None else (self.eos_token_ids or (None,))[0]

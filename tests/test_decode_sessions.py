@@ -233,13 +233,3 @@ def test_models_without_position_ids_decode_one_request_at_a_time(pair, tmp_path
     with pytest.raises(ValueError, match="position_ids"):
         decoder.generate(PROMPTS, max_new_tokens=4)
 
-
-def test_batch_encoding_equals_one_at_a_time():
-    """The decoder encodes its prompts in one batch call: the same ids as encode() per prompt, the
-    empty prompt's start token included (the embedded pair's byte-level BPE)."""
-    from specsample_cupy.decoder import default_model_dir
-    spec = ModelSpec.from_dir(default_model_dir("target"))
-    texts = ["def f(x):\n    return x", "", "    for i in range(10):", "é ünïcode\t\ttabs", "x"]
-    assert spec.encode_batch(texts) == [spec.encode(t) for t in texts]
-    assert spec.encode_batch(texts[:1]) == [spec.encode(texts[0])]
-    assert spec.encode("") and len(spec.encode("")) == 1
