@@ -290,7 +290,9 @@ class DeviceRounds:
         L = self.tc.length
         self.target.replay(self.target_step)
         self.tc.length += G + 1
-        with self.clock.span("verify"):
+        # When the target run is timed, its end event also starts verify()'s span (one event fewer).
+        target_end = self.clock.last_end("model") if self.target.run_span is not None else None
+        with self.clock.span("verify", start=target_end):
             res = verify(self.draft_tokens, self.draft_logits, self.target_step.logits, method=self.method,
                          temperature=self.temperature, seed=self.seed, offset=base + self.gamma_cap,
                          draft_lengths=self.draft_len)

@@ -192,17 +192,26 @@ class _Clock:
         return self._pool[self._used - 1]
 
     @contextlib.contextmanager
-    def span(self, kind: str):
+    def span(self, kind: str, start=None):
+        """Time the GPU work enqueued inside the block. `start`: an event already recorded right before
+        it (the end of the previous span, with nothing enqueued since), used instead of a new one."""
         if self.stream is None:
-            start = time.perf_counter()
+            started = time.perf_counter()
             yield
-            self._seconds[kind] += time.perf_counter() - start
+            self._seconds[kind] += time.perf_counter() - started
             return
-        start, end = self._event(), self._event()
-        start.record(self.stream)
+        if start is None:
+            start = self._event()
+            start.record(self.stream)
+        end = self._event()
         yield
         end.record(self.stream)
         self._events[kind].append((start, end))
+
+    def last_end(self, kind: str):
+        """The end event of the latest span of `kind` on the GPU, or None."""
+        spans = self._events[kind] if self.stream is not None else ()
+        return spans[-1][1] if spans else None
 
     def seconds(self, kind: str) -> float:
         if self.stream is not None:
@@ -385,6 +394,8 @@ class SpeculativeDecoder:
         why_not_device = self._why_not_device_rounds(speculative, adaptive_gamma, gamma)
         discarded = 0
 
+        early_texts = {}   # request -> its text, decoded once it finishes (device rounds: while the GPU runs on)
+
         def count(active, n_new, draft_len=None, accepted=None):
             totals["rounds"] += 1
             totals["request_rounds"] += int(active.sum())
@@ -394,6 +405,9 @@ class SpeculativeDecoder:
             if on_tokens is not None:
                 for b in np.flatnonzero(n_new):
                     on_tokens(int(b), req.seq[b, req.seq_len[b] - n_new[b]:req.seq_len[b]].tolist())
+            if not req.finished.all():
+                for b in np.flatnonzero(active & req.finished).tolist():
+                    early_texts[b] = self._text(req.generated(b))
 
         with self._on_stream(), _timed_runs(sessions, clock, "prefill"):
             target_cache = self.target.new_cache(req.batch, capacity, kv_slack)
@@ -434,7 +448,8 @@ class SpeculativeDecoder:
             if self.stream is not None:
                 self.stream.synchronize()   # a discarded round may still run
 
-        token_ids, texts = self._outputs(req)
+        token_ids = [req.generated(b) for b in range(req.batch)]
+        texts = [early_texts[b] if b in early_texts else self._text(ids) for b, ids in enumerate(token_ids)]
         wall_s = time.perf_counter() - wall_start   # the stats' own readout below is not decoding time
         prefill_s, verify_s, sampling_s = (clock.seconds(k) for k in ("prefill", "verify", "sampling"))
         model_s = clock.seconds("model") + prefill_s
@@ -469,10 +484,8 @@ class SpeculativeDecoder:
         }
         return GenerationOutput(texts, token_ids, stats)
 
-    def _outputs(self, req: _Requests):
-        """Each request's generated ids and their text."""
-        token_ids = [req.generated(b) for b in range(req.batch)]
-        return token_ids, [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in token_ids]
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _why_not_device_rounds(self, speculative: bool, adaptive_gamma: bool, gamma: int) -> str | None:
         """None when this generate() runs device rounds (decode_device), else why it does not."""

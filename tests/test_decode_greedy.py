@@ -79,7 +79,10 @@ def test_requests_stop_at_eos_without_disturbing_others(tmp_path):
     stops = sorted(len(ids) for ids in expected if ids[-1] == 0)
     assert len(stops) >= 3 and stops[0] < stops[-1] < 60, "requests should stop at EOS in different rounds"
     for gamma in (2, 5):
-        assert decoder.generate(prompts, max_new_tokens=60, gamma=gamma, method="greedy").token_ids == expected
+        out = decoder.generate(prompts, max_new_tokens=60, gamma=gamma, method="greedy")
+        assert out.token_ids == expected
+        # Texts of requests that finished early are decoded early: still the text of the final ids.
+        assert out.texts == [decoder.tokenizer.decode(ids, skip_special_tokens=True) for ids in expected]
 
 
 def test_stats_are_consistent(decoder):
