@@ -86,7 +86,8 @@ class _Launch:
         self.slots = dict(names_and_slots)
         self.commit = commit
         self.grid = grid
-        self.call = kernels.PrebuiltLaunch(func, [slot for _, slot in names_and_slots] + [commit])
+        # Launched to overlap the end of the model run or verify() before it (the kernels wait for it).
+        self.call = kernels.PrebuiltLaunch(func, [slot for _, slot in names_and_slots] + [commit], programmatic=True)
 
     def set(self, **values):
         for name, value in values.items():
