@@ -14,7 +14,6 @@
 // new key/value columns from ONNX Runtime's present output into the cache (a grid-stride loop over
 // rows x 4-byte words). Nothing is shared between blocks.
 #include "sample_row.cuh"
-#include "handoff.cuh"
 
 #define SS_PURPOSE_SAMPLE 2u  // specsample_cupy.philox.PURPOSE_SAMPLE (a GPU test compares the tokens)
 
@@ -101,7 +100,6 @@ __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
     const long long* __restrict__ mask_t, const long long* __restrict__ seq, int seq_pitch,
     const long long* __restrict__ seq_len, const long long* __restrict__ finished, const int* __restrict__ draft_len,
     long long pos_limit, int B, Commit commit) {
-  wait_for_prior_grids();
   const int S = next_is_target ? G + 1 : 1;  // the next run's columns
   if ((int)blockIdx.x >= 2 * B) {
     commit_columns(commit, blockIdx.x - 2 * B, gridDim.x - 2 * B);
@@ -163,7 +161,6 @@ __global__ void __launch_bounds__(SS_THREADS, 1) round_done(
     long long* __restrict__ finished, const long long* __restrict__ eos, int n_eos, long long pad_id,
     int* __restrict__ draft_len, int gamma_next, long long* __restrict__ feed0, long long pos_limit,
     int* __restrict__ report, int B, Commit commit) {
-  wait_for_prior_grids();
   if ((int)blockIdx.x >= B) {
     commit_columns(commit, blockIdx.x - B, gridDim.x - B);
     return;

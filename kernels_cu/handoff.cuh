@@ -25,11 +25,3 @@ __device__ __forceinline__ int poll(const int* p) {  // acquire: later reads see
 #endif
 }
 
-// First statement of a kernel launched with programmatic stream serialization
-// (kernels.PrebuiltLaunch(programmatic=True)): wait until the grids before it in the stream have
-// finished and their writes are visible. Without that launch attribute it returns at once.
-__device__ __forceinline__ void wait_for_prior_grids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}

@@ -86,8 +86,7 @@ class _Launch:
         self.slots = dict(names_and_slots)
         self.commit = commit
         self.grid = grid
-        # Launched to overlap the end of the model run or verify() before it (the kernels wait for it).
-        self.call = kernels.PrebuiltLaunch(func, [slot for _, slot in names_and_slots] + [commit], programmatic=True)
+        self.call = kernels.PrebuiltLaunch(func, [slot for _, slot in names_and_slots] + [commit])
 
     def set(self, **values):
         for name, value in values.items():

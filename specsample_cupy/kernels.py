@@ -83,57 +83,15 @@ def _sweeps_per_item(total_sweeps, capacity, max_sweeps):
     return max(floor, min(max_sweeps, -(-total_sweeps // capacity)))
 
 
-class _LaunchAttribute(ctypes.Structure):   # CUlaunchAttribute: an id, then a 64-byte value union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_int * 16)]
-
-
-class _LaunchConfig(ctypes.Structure):      # CUlaunchConfig
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_bytes", ctypes.c_uint),
-                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("n_attrs", ctypes.c_uint)]
-
-
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6    # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-
-
-@functools.lru_cache(maxsize=None)
-def _launch_kernel_ex():
-    """The driver's cuLaunchKernelEx, or None where the driver lacks it."""
-    try:
-        func = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-    except (OSError, AttributeError):
-        return None
-    func.restype = ctypes.c_int
-    func.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    return func
-
-
-def programmatic_launch_enabled() -> bool:
-    """Whether PrebuiltLaunch(..., programmatic=True) overlaps a launch with the end of the work before
-    it (SPECSAMPLE_PDL=0 turns it off)."""
-    return os.environ.get("SPECSAMPLE_PDL", "1") != "0" and _launch_kernel_ex() is not None
-
-
 class PrebuiltLaunch:
     """A kernel launched through the driver with a parameter block built once: a call writes the
-    values that change into their ctypes slots and launches, a few µs of host time.
+    values that change into their ctypes slots and launches, a few µs of host time."""
 
-    programmatic=True launches with programmatic stream serialization (sm_90 and later): the GPU may
-    start the kernel while the kernel before it in the stream finishes, so the kernel must execute
-    griddepcontrol.wait (kernels_cu/handoff.cuh's wait_for_prior_grids) before it touches memory that
-    earlier work writes or reads."""
-
-    def __init__(self, func_ptr, args, programmatic: bool = False):
+    def __init__(self, func_ptr, args):
         import cupy
         self.func, self.args = func_ptr, args
         self.params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
         self._launch = cupy.cuda.driver.launchKernel
-        self._config = None
-        if programmatic and programmatic_launch_enabled():
-            attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-            attribute.value[0] = 1
-            self._attribute = attribute
-            self._config = _LaunchConfig(attrs=ctypes.pointer(attribute), n_attrs=1)
-            self._config.grid[1] = self._config.grid[2] = self._config.block[1] = self._config.block[2] = 1
 
     def set(self, values, start=0):
         """Write values into the argument slots start, start + 1, ..."""
@@ -141,14 +99,7 @@ class PrebuiltLaunch:
             slot.value = value
 
     def __call__(self, stream, grid, block, shared_bytes=0):
-        config = self._config
-        if config is None:
-            self._launch(self.func, grid, 1, 1, block, 1, 1, shared_bytes, stream.ptr, ctypes.addressof(self.params), 0)
-            return
-        config.grid[0], config.block[0], config.shared_bytes, config.stream = grid, block, shared_bytes, stream.ptr
-        status = _launch_kernel_ex()(ctypes.byref(config), self.func, ctypes.addressof(self.params), None)
-        if status:
-            raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {status}")
+        self._launch(self.func, grid, 1, 1, block, 1, 1, shared_bytes, stream.ptr, ctypes.addressof(self.params), 0)
 
 
 class _Plan:
