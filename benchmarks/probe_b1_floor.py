@@ -11,7 +11,10 @@ inputs rotated through more than twice the L2 so every call reads from HBM).
              residual race over row n) that this probe leaves out.
   exact      verify(method="exact") on the same inputs, for comparison.
 Each kernel is timed at several grid sizes; the table gives the best.
-Usage (GPU): python3 benchmarks/probe_b1_floor.py"""
+Usage (GPU): python3 benchmarks/probe_b1_floor.py [JSON_OUT]"""
+import json
+import sys
+
 import cupy as cp
 import numpy as np
 
@@ -87,7 +90,10 @@ def main():
     empty, read_plus_one = module.get_function("empty"), module.get_function("read_plus_one")
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     partial, counter, out = cp.zeros(8 * sms * 8, cp.float32), cp.zeros(1, cp.uint32), cp.zeros(1, cp.float32)
-    print(f"empty kernel: {time_calls(lambda k: empty((1,), (1,), ())):.2f} us")
+    empty_us = time_calls(lambda k: empty((1,), (1,), ()))
+    report = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "empty_kernel_us": empty_us,
+              "B": 1, "gamma": 5, "dtype": "float32", "rows": []}
+    print(f"empty kernel: {empty_us:.2f} us")
     print("V, dtype float32, B=1, gamma=5: read+1 best (grid) | all grids | exact")
     for V in (32000, 151936, 256000):
         inputs = bv.make_inputs(cp, 1, 5, V, "float32")
@@ -102,6 +108,12 @@ def main():
         best = min(results, key=results.get)
         cells = " ".join(f"{g}:{t:.2f}" for g, t in results.items())
         print(f"V={V}: read+1 {results[best]:.2f} us (grid {best}) | {cells} | exact {exact:.2f} us")
+        report["rows"].append({"V": V, "read_plus_one_us": results[best], "read_plus_one_grid": best,
+                               "read_plus_one_by_grid_us": results, "exact_us": exact,
+                               "bytes": (2 * 5 + 1) * V * 4})
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(report, f, indent=2)
 
 
 if __name__ == "__main__":
