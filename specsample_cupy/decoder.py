@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from specsample_cupy import decode_device, errors
+from specsample_cupy.detokenize import TextAssembler
 from specsample_cupy.sampling import sample_tokens
 from specsample_cupy.sessions import DecoderSession, ModelSpec, array_module, check_pair, cuda_available
 from specsample_cupy.sessions_static import StaticDecoderSession
@@ -394,7 +395,9 @@ class SpeculativeDecoder:
         why_not_device = self._why_not_device_rounds(speculative, adaptive_gamma, gamma)
         discarded = 0
 
-        early_texts = {}   # request -> its text, decoded once it finishes (device rounds: while the GPU runs on)
+        # With device rounds the host waits on the GPU between reads: texts are decoded then, piece by
+        # piece where the tokenizer allows it, and a request's text is finished once it finishes.
+        texts = TextAssembler(self.tokenizer, req.batch, incremental=speculative and why_not_device is None)
 
         def count(active, n_new, draft_len=None, accepted=None):
             totals["rounds"] += 1
@@ -402,12 +405,14 @@ class SpeculativeDecoder:
             if draft_len is not None:
                 totals["proposed"] += int(draft_len.sum())
                 totals["accepted"] += int(accepted[active].sum())
-            if on_tokens is not None:
-                for b in np.flatnonzero(n_new):
-                    on_tokens(int(b), req.seq[b, req.seq_len[b] - n_new[b]:req.seq_len[b]].tolist())
+            for b in np.flatnonzero(n_new).tolist():
+                new_ids = req.seq[b, req.seq_len[b] - n_new[b]:req.seq_len[b]].tolist()
+                texts.add(b, new_ids)
+                if on_tokens is not None:
+                    on_tokens(b, new_ids)
             if not req.finished.all():
                 for b in np.flatnonzero(active & req.finished).tolist():
-                    early_texts[b] = self._text(req.generated(b))
+                    texts.text(b)
 
         with self._on_stream(), _timed_runs(sessions, clock, "prefill"):
             target_cache = self.target.new_cache(req.batch, capacity, kv_slack)
@@ -449,7 +454,7 @@ class SpeculativeDecoder:
                 self.stream.synchronize()   # a discarded round may still run
 
         token_ids = [req.generated(b) for b in range(req.batch)]
-        texts = [early_texts[b] if b in early_texts else self._text(ids) for b, ids in enumerate(token_ids)]
+        texts = [texts.text(b) for b in range(req.batch)]
         wall_s = time.perf_counter() - wall_start   # the stats' own readout below is not decoding time
         prefill_s, verify_s, sampling_s = (clock.seconds(k) for k in ("prefill", "verify", "sampling"))
         model_s = clock.seconds("model") + prefill_s
@@ -483,9 +488,6 @@ class SpeculativeDecoder:
             "discarded_rounds": discarded,
         }
         return GenerationOutput(texts, token_ids, stats)
-
-    def _text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _why_not_device_rounds(self, speculative: bool, adaptive_gamma: bool, gamma: int) -> str | None:
         """None when this generate() runs device rounds (decode_device), else why it does not."""
