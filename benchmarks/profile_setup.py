@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from specsample_cupy import decode_device, decoder as decoder_module, sessions
+from specsample_cupy import decode_device, decoder as decoder_module, detokenize, sessions
 from specsample_cupy.bench_decode import DEFAULT_PROMPTS
 from specsample_cupy.decoder import SpeculativeDecoder
 from specsample_cupy.sessions_static import StaticDecoderSession
@@ -40,7 +40,8 @@ wrap(sessions.DecoderSession, "_run", "onnxruntime run call")
 wrap(decode_device.DeviceRounds, "__init__", "DeviceRounds init")
 wrap(decode_device.DeviceRounds, "_enqueue", "enqueue a round")
 wrap(decode_device.DeviceRounds, "_read", "read a report")
-wrap(SpeculativeDecoder, "_text", "decode a text")
+wrap(detokenize.TextAssembler, "add", "decode new tokens")
+wrap(detokenize.TextAssembler, "text", "finish a text")
 real_iter = decode_device.DeviceRounds.__iter__
 
 
