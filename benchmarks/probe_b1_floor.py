@@ -23,6 +23,17 @@ from specsample_cupy import bench_verify as bv
 SOURCE = r"""
 extern "C" __global__ void empty() {}
 
+// Sum over a 256-thread block; thread 0 gets the total.
+__device__ float block_sum(float s, float* warp_sum) {
+  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x >> 5] = s;
+  __syncthreads();
+  float t = 0.f;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < 8; ++w) t += warp_sum[w];
+  return t;
+}
+
 // Parallel decomposition: a grid-stride loop of 16-byte loads over the two logit arrays seen as one
 // range; each block reduces its share to one float, publishes it, and the last block to arrive
 // (one atomic counter) sums the partials and resets the counter.
@@ -43,13 +54,9 @@ extern "C" __global__ void __launch_bounds__(256) read_plus_one(
   }
   __shared__ float warp_sum[8];
   __shared__ bool last;
-  for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x >> 5] = s;
-  __syncthreads();
+  const float block_total = block_sum(s, warp_sum);
   if (threadIdx.x == 0) {
-    float t = 0.f;
-    for (int w = 0; w < 8; ++w) t += warp_sum[w];
-    partial[blockIdx.x] = t;
+    partial[blockIdx.x] = block_total;
     __threadfence();
     last = atomicAdd(counter, 1u) == gridDim.x - 1;
   }
@@ -58,13 +65,9 @@ extern "C" __global__ void __launch_bounds__(256) read_plus_one(
   __threadfence();
   float t = 0.f;
   for (int k = threadIdx.x; k < gridDim.x; k += 256) t += *(volatile float*)(partial + k);
-  for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-  if ((threadIdx.x & 31) == 0) warp_sum[threadIdx.x >> 5] = t;
-  __syncthreads();
+  t = block_sum(t, warp_sum);
   if (threadIdx.x == 0) {
-    float u = 0.f;
-    for (int w = 0; w < 8; ++w) u += warp_sum[w];
-    *out = u;
+    *out = t;
     *counter = 0;
   }
 }
