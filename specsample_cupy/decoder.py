@@ -397,7 +397,7 @@ class SpeculativeDecoder:
 
         # With device rounds the host waits on the GPU between reads: texts are decoded then, piece by
         # piece where the tokenizer allows it, and a request's text is finished once it finishes.
-        texts = TextAssembler(self.tokenizer, req.batch, incremental=speculative and why_not_device is None)
+        assembler = TextAssembler(self.tokenizer, req.batch, incremental=speculative and why_not_device is None)
 
         def count(active, n_new, draft_len=None, accepted=None):
             totals["rounds"] += 1
@@ -407,12 +407,12 @@ class SpeculativeDecoder:
                 totals["accepted"] += int(accepted[active].sum())
             for b in np.flatnonzero(n_new).tolist():
                 new_ids = req.seq[b, req.seq_len[b] - n_new[b]:req.seq_len[b]].tolist()
-                texts.add(b, new_ids)
+                assembler.add(b, new_ids)
                 if on_tokens is not None:
                     on_tokens(b, new_ids)
             if not req.finished.all():
                 for b in np.flatnonzero(active & req.finished).tolist():
-                    texts.text(b)
+                    assembler.text(b)
 
         with self._on_stream(), _timed_runs(sessions, clock, "prefill"):
             target_cache = self.target.new_cache(req.batch, capacity, kv_slack)
@@ -454,7 +454,7 @@ class SpeculativeDecoder:
                 self.stream.synchronize()   # a discarded round may still run
 
         token_ids = [req.generated(b) for b in range(req.batch)]
-        texts = [texts.text(b) for b in range(req.batch)]
+        texts = [assembler.text(b) for b in range(req.batch)]
         wall_s = time.perf_counter() - wall_start   # the stats' own readout below is not decoding time
         prefill_s, verify_s, sampling_s = (clock.seconds(k) for k in ("prefill", "verify", "sampling"))
         model_s = clock.seconds("model") + prefill_s
