@@ -110,6 +110,7 @@ def _asr_manifest(tmp_path):
 
 
 def _run_asr(whisper_pair, tmp_path, device):
+    pytest.importorskip("jiwer")   # the eval extra's metric library
     manifest = _asr_manifest(tmp_path)
     methods = ["baseline", "exact", "sigmoid", "target"]
     out = _invoke(["asr", "--target", whisper_pair[0], "--draft", whisper_pair[1], "--data", str(manifest),
@@ -136,6 +137,7 @@ def test_eval_asr_cpu(whisper_pair, tmp_path):
 
 
 def _run_summarize(text_pair, tmp_path, device):
+    pytest.importorskip("rouge_score")   # the eval extra's metric library
     data = tmp_path / "articles.jsonl"
     data.write_text("\n".join([
         json.dumps({"article": "The cat sat on the mat. It was sunny.", "summary": "A cat sat."}),
