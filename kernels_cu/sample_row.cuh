@@ -24,29 +24,42 @@ __device__ int sample_row(const typename T::storage* __restrict__ row, int V, fl
   SoftmaxStat st = {-__int_as_float(0x7f800000), 0.f, 0x7fffffff};
   RaceBest best = {-__int_as_float(0x7f800000), 0x7fffffff};
   bool bad = false;
-  for (int base = threadIdx.x * VEC; base < V; base += SS_THREADS * VEC) {
-    float z[VEC];
-    if (copy_to != nullptr) {
-      if constexpr (VEC == 1) {
-        copy_to[base] = row[base];
-      } else {
-        *reinterpret_cast<uint4*>(copy_to + base) = *reinterpret_cast<const uint4*>(row + base);
+  // LOADS row vectors in flight per thread: a row of a few thousand logits then costs one load
+  // round trip, not one per sweep. Each thread still visits its indices in increasing order.
+  constexpr int LOADS = 4, SWEEP = SS_THREADS * VEC;
+  for (int base0 = threadIdx.x * VEC; base0 < V; base0 += LOADS * SWEEP) {
+    float z[LOADS][VEC];
+#pragma unroll
+    for (int u = 0; u < LOADS; ++u) {
+      const int base = base0 + u * SWEEP;
+      if (base >= V) continue;
+      if (copy_to != nullptr) {
+        if constexpr (VEC == 1) {
+          copy_to[base] = row[base];
+        } else {
+          *reinterpret_cast<uint4*>(copy_to + base) = *reinterpret_cast<const uint4*>(row + base);
+        }
       }
+      load_vec<T, VEC>(row + base, z[u]);
     }
-    load_vec<T, VEC>(row + base, z);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) bad |= !(z[k] < __int_as_float(0x7f800000));
-    if (greedy) {
+    for (int u = 0; u < LOADS; ++u) {
+      const int base = base0 + u * SWEEP;
+      if (base >= V) continue;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k)
-        if (z[k] > st.m) { st.m = z[k]; st.arg = base + k; }
-    } else {
-      float e[VEC];
-      race_variates<VEC>(ps, base, e);
+      for (int k = 0; k < VEC; ++k) bad |= !(z[u][k] < __int_as_float(0x7f800000));
+      if (greedy) {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const float key = fmaf(-temperature, __logf(e[k]), z[k]);   // T * log(p_j / E_j) + const
-        if (key > best.key) { best.key = key; best.idx = base + k; }
+        for (int k = 0; k < VEC; ++k)
+          if (z[u][k] > st.m) { st.m = z[u][k]; st.arg = base + k; }
+      } else {
+        float e[VEC];
+        race_variates<VEC>(ps, base, e);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float key = fmaf(-temperature, __logf(e[k]), z[u][k]);   // T * log(p_j / E_j) + const
+          if (key > best.key) { best.key = key; best.idx = base + k; }
+        }
       }
     }
   }
