@@ -73,11 +73,12 @@ def run_bench(decoder, prompts, *, max_new_tokens, gamma, temperature, seed, rep
     the call with the median tokens/s (host-bound timings vary between calls), with every call's
     tokens/s listed. Speedups are relative to target-only decoding.
 
-    On CUDA the model runs are timed with CUDA events, which take GPU time of their own. So each
+    On CUDA the model runs and verify() are timed with CUDA events, which take GPU time of their own. So each
     method also runs `repeats` calls without those events (tokens_per_s_untimed), and with device
     rounds host_overhead_per_round_untimed_s is such a call's wall minus its prefill's model time (those
-    few runs stay timed) and, per round, its verify time and the round's model runs replayed back to
-    back (replayed_round_model_time)."""
+    few runs stay timed) and, per round, the round's model runs replayed back to back
+    (replayed_round_model_time) and the timed calls' verify time (the same rounds: same prompts and
+    seed)."""
     def run(method, n_tokens):
         return decoder.generate(prompts, max_new_tokens=n_tokens, gamma=0 if method == "target" else gamma,
                                 method=method, temperature=0.0 if method == "greedy" else temperature, seed=seed)
@@ -109,9 +110,10 @@ def run_bench(decoder, prompts, *, max_new_tokens, gamma, temperature, seed, rep
             if u["device_rounds"] is True:
                 replayed = row["round_model_time_replayed_s"] = replayed_round_model_time(decoder, gamma)
                 if replayed is not None:
+                    # The same prompts and seed give the same rounds, so the timed calls' verify time.
                     row["host_overhead_per_round_untimed_s"] = max(
                         (u["wall_s"] - u["prefill_model_time_s"]) / u["rounds"] - replayed
-                        - u["verify_time_per_round_s"], 0.0)
+                        - stats["verify_time_per_round_s"], 0.0)
         rows.append(row)
     baseline = rows[0]["tokens_per_s"]
     for row in rows:

@@ -29,6 +29,7 @@ one block's row sampler; otherwise the host-driven round runs.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 
@@ -291,8 +292,9 @@ class DeviceRounds:
         self.target.replay(self.target_step)
         self.tc.length += G + 1
         # When the target run is timed, its end event also starts verify()'s span (one event fewer).
-        target_end = self.clock.last_end("model") if self.target.run_span is not None else None
-        with self.clock.span("verify", start=target_end):
+        timed = self.dec.time_model_runs
+        target_end = self.clock.last_end("model") if timed and self.target.run_span is not None else None
+        with self.clock.span("verify", start=target_end) if timed else contextlib.nullcontext():
             res = verify(self.draft_tokens, self.draft_logits, self.target_step.logits, method=self.method,
                          temperature=self.temperature, seed=self.seed, offset=base + self.gamma_cap,
                          draft_lengths=self.draft_len)

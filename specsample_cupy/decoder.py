@@ -248,9 +248,10 @@ class SpeculativeDecoder:
         >>> out.texts[0], out.stats["acceptance_rate"]
     """
 
-    # CUDA events around every model run give stats["model_time_s"]; they take GPU time of their own
-    # (a few µs per run), so a benchmark of the wall alone may turn them off (those stats are then None;
-    # the prefill's few runs stay timed: stats["prefill_model_time_s"]).
+    # CUDA events around every model run and verify() give stats["model_time_s"] and the verify time;
+    # they take GPU time of their own (a few µs per run), so a benchmark of the wall alone may turn
+    # them off (those stats are then None; the prefill's few runs stay timed:
+    # stats["prefill_model_time_s"]).
     time_model_runs = True
 
     def __init__(self, target=None, draft=None, device: str | None = None, *, kv_slack: int = 32,
@@ -469,7 +470,7 @@ class SpeculativeDecoder:
             "acceptance_rate": totals["accepted"] / totals["proposed"] if totals["proposed"] else 0.0,
             "mean_accepted_per_round": totals["accepted"] / max(totals["request_rounds"], 1),
             "generated_tokens": generated, "tokens_per_s": generated / wall_s if wall_s > 0 else 0.0,
-            "verify_time_per_round_s": verify_s / rounds, "wall_s": wall_s,
+            "verify_time_per_round_s": verify_s / rounds if self.time_model_runs else None, "wall_s": wall_s,
             "model_time_s": model_s if self.time_model_runs else None,
             "prefill_model_time_s": prefill_s,
             "host_overhead_per_round_s": max(wall_s - model_s - verify_s, 0.0) / rounds if self.time_model_runs
@@ -549,7 +550,7 @@ class SpeculativeDecoder:
 
         # 3. Verify: accept a prefix of each request's drafts, then sample the corrected (or bonus) token.
         lengths = self._upload(draft_len.astype(np.int32))   # before the span: it times verify() alone
-        with clock.span("verify"):
+        with clock.span("verify") if self.time_model_runs else contextlib.nullcontext():
             res = verify(draft_tokens, draft_logits, target_logits, method=method, temperature=temperature,
                          seed=seed, offset=offset_base + gamma_cap, draft_lengths=lengths)
         read_start = time.perf_counter()

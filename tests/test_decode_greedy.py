@@ -93,3 +93,15 @@ def test_stats_are_consistent(decoder):
     assert s["verify_time_per_round_s"] > 0 and s["host_overhead_per_round_s"] >= 0
     assert s["tokens_per_s"] == pytest.approx(s["generated_tokens"] / s["wall_s"])
     assert np.isfinite(list(v for v in s.values() if isinstance(v, float))).all()
+    assert 0 < s["prefill_model_time_s"] <= s["model_time_s"]
+
+
+def test_untimed_calls_give_the_same_tokens_without_run_timings(pair):
+    decoder = SpeculativeDecoder(*pair, device="cpu")
+    timed = decoder.generate(PROMPTS[:2], max_new_tokens=20, gamma=4, temperature=1.0, seed=5)
+    decoder.time_model_runs = False
+    untimed = decoder.generate(PROMPTS[:2], max_new_tokens=20, gamma=4, temperature=1.0, seed=5)
+    assert untimed.token_ids == timed.token_ids
+    s = untimed.stats
+    assert s["model_time_s"] is None and s["verify_time_per_round_s"] is None
+    assert s["host_overhead_per_round_s"] is None and s["prefill_model_time_s"] > 0
