@@ -232,4 +232,3 @@ def test_models_without_position_ids_decode_one_request_at_a_time(pair, tmp_path
         assert decoder.generate(prompt, **sampled).token_ids == plain.generate(prompt, **sampled).token_ids
     with pytest.raises(ValueError, match="position_ids"):
         decoder.generate(PROMPTS, max_new_tokens=4)
-
