@@ -9,13 +9,17 @@
 // host-known count), a rollback turns the real slots past a row's keep-th into holes. seq [B, P]
 // holds each row's tokens, seq_len [B] their count, limit [B] the count at which its budget ends.
 //
-// Parallel decomposition of both kernels: blocks 0..B-1 own one request row each (sampling, mask,
+// Target-only decoding is gamma = 0 of the same loop: a target run of S = 1, then target_step_done.
+//
+// Parallel decomposition of all three round kernels: blocks 0..B-1 own one request row each (sampling, mask,
 // feeds: one block scans a row of C slots in chunks of the block's width); blocks B.. copy the run's
 // new key/value columns from ONNX Runtime's present output into the cache (a grid-stride loop over
 // rows x 4-byte words). Nothing is shared between blocks.
 #include "sample_row.cuh"
 
 #define SS_PURPOSE_SAMPLE 2u  // specsample_cupy.philox.PURPOSE_SAMPLE (a GPU test compares the tokens)
+#define SS_STEP_ERR_VALUES 1u   // specsample_cupy.errors.TARGET_VALUES
+#define SS_STEP_ERR_NO_MASS 8u  // specsample_cupy.errors.NO_MASS
 
 struct Commit {  // copy `words` 4-byte words per row: present[r][src + w] -> cache[r][dst + w]
   const unsigned* present;
@@ -219,6 +223,56 @@ __global__ void __launch_bounds__(SS_THREADS, 1) round_done(
   }
 }
 
+// After a target step (gamma = 0: the target's S = 1 run over its S = 1 feed): sample each unfinished
+// request's token (sample_tokens' Philox stream, so the host loop's tokens), append it (EOS, budget),
+// commit the run's key/value column and mask, write the next step's feed in place (the same buffer:
+// ids [B] | positions [B] | mask [B, C + 1]) and the host's report in round_done's layout with G = 0:
+//   report [accepted B | emitted B | error B | tokens B | taken B | finished B]
+// A row whose logits hold NaN/+Inf or no finite value takes nothing and reports its error code.
+// Nothing to roll back: the cache holds every token but the newest, as a step leaves it.
+// Blocks 0..B-1: one request row each (the block samples the row; thread 0 decides and writes);
+// blocks B..: key/value column copies.
+template <class T, int VEC>
+__global__ void __launch_bounds__(SS_THREADS) target_step_done(
+    const typename T::storage* __restrict__ logits, int V, float temperature, unsigned long long seed,
+    unsigned offset, long long* __restrict__ feed, long long* __restrict__ mask_t, int C, int L_run,
+    long long* __restrict__ seq, int seq_pitch, long long* __restrict__ seq_len, const long long* __restrict__ limit,
+    long long* __restrict__ finished, const long long* __restrict__ eos, int n_eos, long long pad_id,
+    long long pos_limit, int* __restrict__ report, int B, Commit commit) {
+  if ((int)blockIdx.x >= B) {
+    commit_columns(commit, blockIdx.x - B, gridDim.x - B);
+    return;
+  }
+  const int b = blockIdx.x;
+  const bool was_done = finished[b] != 0;  // the same in every thread: the branch is uniform
+  const int token = was_done ? -1 : sample_row<T, VEC>(logits + (long long)b * V, V, temperature, seed, offset,
+                                                       SS_PURPOSE_SAMPLE, b, nullptr);
+  if (threadIdx.x != 0) return;
+  const long long L0 = seq_len[b];
+  const int error = was_done ? 0 : (token == -1 ? SS_STEP_ERR_VALUES : (token < 0 ? SS_STEP_ERR_NO_MASS : 0));
+  bool is_eos = false;
+  for (int e = 0; e < n_eos; ++e) is_eos |= eos[e] == token;
+  const int taken = !was_done && !error && limit[b] - L0 > 0;
+  const int done = was_done || error || (taken && is_eos) || limit[b] - L0 - taken <= 0;
+  if (taken) seq[(long long)b * seq_pitch + L0] = token;
+  const long long L = L0 + taken;
+  seq_len[b] = L;
+  finished[b] = done;
+  long long* feed_mask = feed + 2LL * B + (long long)b * (C + 1);
+  const long long added = feed_mask[C];  // the run's new column: real for rows that were live
+  mask_t[(long long)b * C + L_run] = added;
+  feed_mask[L_run] = added;
+  feed_mask[C] = !done;
+  feed[b] = done ? pad_id : token;
+  feed[B + b] = clamp_pos(L - 1, pos_limit);
+  report[b] = 0;
+  report[B + b] = !was_done && !error;
+  report[2 * B + b] = error;
+  report[3 * B + b] = was_done ? -1 : token;
+  report[4 * B + b] = taken;
+  report[5 * B + b] = done;
+}
+
 // A full cache's compaction plan, without the host: row b's real slots among its first `length`, in
 // order, go to [new_length - n_b, new_length) (right-aligned like left padding; new_length >= every
 // n_b, from the host's sequence lengths). cols [B, new_length] gets each new slot's source column (0
@@ -261,3 +315,12 @@ SS_DRAFT_STEP_DONE(f32, 4)
 SS_DRAFT_STEP_DONE(f32, 1)
 SS_DRAFT_STEP_DONE(f16, 8)
 SS_DRAFT_STEP_DONE(f16, 1)
+
+#define SS_TARGET_STEP_DONE(T, VEC)                                                                             \
+  template __global__ void target_step_done<T, VEC>(                                                            \
+      const T::storage*, int, float, unsigned long long, unsigned, long long*, long long*, int, int, long long*, \
+      int, long long*, const long long*, long long*, const long long*, int, long long, long long, int*, int, Commit);
+SS_TARGET_STEP_DONE(f32, 4)
+SS_TARGET_STEP_DONE(f32, 1)
+SS_TARGET_STEP_DONE(f16, 8)
+SS_TARGET_STEP_DONE(f16, 1)

@@ -5,7 +5,7 @@
 // One pass over the row. With p_j = exp(z_j / T) / Z, argmax_j p_j / E_j is argmax_j of
 // z_j - T log E_j (times T > 0, minus T log Z: the same order), so neither the row's maximum nor
 // its sum is needed, and no key overflows however small T is. At T = 0 the pass takes the first
-// argmax instead. NaN/+Inf anywhere in the row, or no finite logit, gives -1. 16-byte loads when
+// argmax instead. NaN/+Inf anywhere in the row gives -1, a row with no finite logit (no mass) -2. 16-byte loads when
 // the row is aligned (VEC > 1). Every thread of the block must call it; every thread gets the
 // token. copy_to, when not null, receives the row as read (same storage).
 #pragma once
@@ -66,8 +66,8 @@ __device__ int sample_row(const typename T::storage* __restrict__ row, int V, fl
   if (__syncthreads_or(bad)) return -1;  // the same answer in every thread
   if (greedy) {
     st = block_reduce(st, CombineStat(), red_stat);  // s stays 0: the maximum and first argmax
-    return st.m != -__int_as_float(0x7f800000) ? st.arg : -1;
+    return st.m != -__int_as_float(0x7f800000) ? st.arg : -2;
   }
   best = block_reduce(best, BetterRace(), red_race);
-  return best.idx < V ? best.idx : -1;  // every thread gets the block's result
+  return best.idx < V ? best.idx : -2;  // every thread gets the block's result
 }

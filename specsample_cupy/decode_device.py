@@ -1,10 +1,8 @@
-"""Speculative rounds whose bookkeeping lives on the GPU (kernels_cu/decode_round.cu).
+"""The decode loop on CUDA: rounds whose bookkeeping lives on the GPU (kernels_cu/decode_round.cu).
 
-The host-driven round (decoder.SpeculativeDecoder._speculative_round) builds every run's feeds from
-the host's view of the sequences, so the GPU waits while the host turns a round's result into the
-next round's first feed. Here the device keeps its own copy of that state (sequences, lengths, budgets,
-finished flags, both caches' slot masks) and one small kernel between two model runs does the work
-of the host's NumPy lines:
+The device keeps its own copy of the requests' state (sequences, lengths, budgets, finished flags,
+both caches' slot masks) and one small kernel between two model runs does what the host loop's
+NumPy lines do (decode_host):
 
     draft run i      (a captured graph: S = 2 for i = 0, the tokens the draft has not seen; else S = 1)
     draft_step_done  sample the draft token, keep its logits row, commit the run's KV columns and
@@ -14,28 +12,35 @@ of the host's NumPy lines:
     round_done       append the emitted tokens (EOS, budget), commit the target's columns, roll
                      both masks back, next round's draft lengths and first draft feed, a report
 
-So the host enqueues whole rounds without reading anything, and reads each round's report (a few
-ints per request, written by round_done into page-locked host memory) one round late: while the GPU
-runs round r + 1 the host applies round r's tokens to its own copy of the sequences. It enqueues
-round r + 1 before reading round r only when round r cannot end the generation by the budget alone
-(an EOS still can: that round's work is then discarded, counted in stats["discarded_rounds"]).
+Target-only decoding is gamma = 0 of the same loop: a target run (S = 1) then target_step_done
+(sample, append, commit, next feed, report). So the host enqueues whole rounds without reading
+anything, and reads each round's report (a few ints per request, written by the round's last kernel
+into page-locked host memory) one round late: while the GPU runs round r + 1 the host applies round
+r's tokens to its own copy of the sequences. It enqueues round r + 1 before reading round r only
+when round r cannot end the generation by the budget alone (an EOS still can: that round's work is
+then discarded, counted in stats["discarded_rounds"]).
+
+gamma may change from round to round (gamma_policy): the buffers are sized for the policy's largest
+gamma, a round of gamma drafts uses their first B * gamma rows, and the policy's choice for round
+r + 1 is made when round r is enqueued, from the reports read by then.
 
 A full cache is compacted on the device too (compact_plan), in stream order between two rounds, so
 the masks never cross to the host and no compaction waits for a read.
 
-Used for the speculative methods with fixed gamma on CUDA when both models run with fixed
-bindings (sessions_static), their logits share a dtype (float32/float16) and the vocabulary fits
-one block's row sampler; otherwise the host-driven round runs.
+Used on CUDA when the models run with fixed bindings (sessions_static), their logits share a dtype
+(float32/float16) and the vocabulary fits one block's row sampler; otherwise decode_host runs.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import functools
+import time
 
 import numpy as np
 
 from specsample_cupy import errors
+from specsample_cupy.decode_stats import Round
 from specsample_cupy.sampling import ROW_SAMPLER_MAX_V
 from specsample_cupy.sessions_static import StaticDecoderSession
 from specsample_cupy.verify import VerifyResult, verify
@@ -52,28 +57,28 @@ class _Commit(ctypes.Structure):
 
 @functools.lru_cache(maxsize=None)
 def _functions(device_id: int, tag: str, vec: int):
-    """decode_round.cu's (draft_step_done<tag, vec>, round_done, compact_plan) as cupy.RawKernels."""
+    """decode_round.cu's (draft_step_done, round_done, compact_plan, target_step_done) as cupy.RawKernels."""
     import cupy
     from specsample_cupy import kernels
-    names = (f"draft_step_done<{tag}, {vec}>", "round_done", "compact_plan")
+    names = (f"draft_step_done<{tag}, {vec}>", "round_done", "compact_plan", f"target_step_done<{tag}, {vec}>")
     module = cupy.RawModule(code=kernels.kernel_source("decode_round.cu"), options=("--std=c++17",),
                             name_expressions=names)
     return tuple(module.get_function(name) for name in names)
 
 
-def supported(target, draft, adaptive_gamma: bool, gamma: int) -> str | None:
-    """None when the pair can decode with device rounds, else why not."""
-    if adaptive_gamma:
-        return "adaptive gamma"
-    if gamma + 1 > THREADS:
+def supported(target, draft, gamma_cap: int) -> str | None:
+    """None when the loop can run on the device for these sessions (draft None: target-only) and the
+    policy's largest gamma, else why not."""
+    if gamma_cap + 1 > THREADS:
         return f"gamma over {THREADS - 1}"   # round_done reads a row's gamma + 1 tokens with one thread each
-    if not (isinstance(target, StaticDecoderSession) and isinstance(draft, StaticDecoderSession)):
+    sessions = (target,) if draft is None else (target, draft)
+    if not all(isinstance(s, StaticDecoderSession) for s in sessions):
         return "a model without CUDA graphs"
-    if target.logits_dtype != draft.logits_dtype or target.logits_dtype.char not in "fe":
+    if any(s.logits_dtype != target.logits_dtype for s in sessions) or target.logits_dtype.char not in "fe":
         return "logits dtypes"
     if target.vocab_size > ROW_SAMPLER_MAX_V:
         return f"vocabulary over {ROW_SAMPLER_MAX_V}"
-    for s in (target, draft):
+    for s in sessions:
         if (s.head_dim * np.dtype(s.kv_dtype).itemsize) % 4:
             return "KV rows not a multiple of 4 bytes"
     return None
@@ -103,12 +108,13 @@ def _copy_blocks(rows: int, words: int) -> int:
 
 PITCH_ROUND = 64      # sequence pitches are rounded up so that repeated generate() calls share buffers
 MAX_BUFFERS = 4       # _RoundBuffers kept per decoder
+EVENTS = 4            # report events in a ring: round r's and r - 1's are both unrecorded-over at its read
 
 
 class _RoundBuffers:
-    """What device rounds keep between generate() calls of one shape: the device state, the report
+    """What the device loop keeps between generate() calls of one shape: the device state, the report
     slots and the prebuilt launches (their pointers fixed). Bound to the sessions' current plans
-    (sessions_static), which it keeps alive.
+    (sessions_static), which it keeps alive. G: the largest gamma (0: target-only, no draft).
 
     The state is one int64 buffer, uploaded per generate() with one copy from pinned memory:
         seq [B, P] | seq_len [B] | limit [B] | finished [B] | eos [E] | mask_t [B, C] | mask_d [B, C]
@@ -116,7 +122,7 @@ class _RoundBuffers:
 
     def __init__(self, target, draft, B: int, C: int, P: int, G: int, E: int, stream):
         import cupy
-        self.plans = (target._plan, draft._plan)
+        self.plans = (target._plan,) + ((draft._plan,) if draft is not None else ())
         self.B, self.C, self.P, self.G, self.E, self.V = B, C, P, G, E, target.vocab_size
         sizes = dict(seq=B * P, seq_len=B, limit=B, finished=B, eos=E, mask_t=B * C, mask_d=B * C)
         total = sum(sizes.values())
@@ -126,8 +132,8 @@ class _RoundBuffers:
         with stream:
             self.state = cupy.zeros(total, cupy.int64)
             self.draft_len = cupy.zeros(B, cupy.int32)
-            self.draft_tokens = cupy.zeros((B, G), cupy.int32)
-            self.draft_logits = cupy.zeros((B, G, self.V), target.logits_dtype)
+            self.draft_tokens = cupy.zeros(B * max(G, 1), cupy.int32)
+            self.draft_logits = cupy.zeros(B * G * self.V, target.logits_dtype)
             self.report_size = 3 * B + B * (G + 1) + 2 * B
             self.first_report = cupy.zeros(self.report_size, cupy.int32)   # the set-up call's, unread
             self.no_verify = cupy.zeros(3 * B + B * (G + 1), cupy.int32)   # nothing emitted: prepares round 0
@@ -135,16 +141,30 @@ class _RoundBuffers:
         for name, size in sizes.items():
             self.dev[name], self.host[name] = self.state[at:at + size], self.host_state[at:at + size]
             at += size
-        # round_done writes each round's report straight into page-locked host memory (with unified
+        # Each round's last kernel writes its report straight into page-locked host memory (with unified
         # addressing its host address is valid on the device): no copy command per round.
         pinned = cupy.cuda.alloc_pinned_memory(2 * self.report_size * 4)
         self._pinned_reports = pinned
         self.host_reports = np.frombuffer(pinned, np.int32, 2 * self.report_size).reshape(2, self.report_size)
         self.host_reports[...] = 0
-        self.report_events = [cupy.cuda.Event(disable_timing=True) for _ in range(2)]
-        self.draft_steps = [draft._step(2)] + ([draft._step(1)] if G > 1 else [])
-        self.target_step = target._step(G + 1)
-        self._build_launches(target, draft)
+        self.report_events = [cupy.cuda.Event(disable_timing=False) for _ in range(EVENTS)]
+        tag = "f32" if target.logits_dtype.char == "f" else "f16"
+        vec = 16 // target.logits_dtype.itemsize
+        if self.V % vec:
+            vec = 1
+        step_kernel, done_kernel, self.compact_plan, target_kernel = _functions(target.device_id, tag, vec)
+        self.target_steps = {}   # S -> the target's _Step
+        if G == 0:
+            self._build_target_only(target, target_kernel)
+        else:
+            self.draft_steps = [draft._step(2)] + ([draft._step(1)] if G > 1 else [])
+            self._build_speculative(target, draft, step_kernel, done_kernel)
+
+    def target_step(self, target, S: int):
+        step = self.target_steps.get(S)
+        if step is None:
+            step = self.target_steps[S] = target._step(S)
+        return step
 
     def _commit(self, session, step) -> _Commit:
         item = np.dtype(session.kv_dtype).itemsize
@@ -154,18 +174,33 @@ class _RoundBuffers:
         return _Commit(step.present.data.ptr, session._plan.cache.data.ptr, rows, S * row_words,
                        (C + S) * row_words, C * row_words, C * row_words, 0)
 
-    def _build_launches(self, target, draft):
+    def set_commit(self, commit: _Commit, S: int, L: int):
+        """Point a launch's commit at a run of S columns appended at cache column L."""
+        row_words = commit.cache_pitch // self.C
+        commit.words, commit.present_pitch = S * row_words, (self.C + S) * row_words
+        commit.src, commit.dst = self.C * row_words, L * row_words
+
+    def _build_target_only(self, target, kernel):
+        c, B, dev = ctypes, self.B, self.dev
+        step = self.target_step(target, 1)
+        commit = self._commit(target, step)
+        self.target_launch = _Launch(kernel.kernel.ptr, [
+            ("logits", c.c_void_p(step.logits.data.ptr)), ("V", c.c_int32(self.V)), ("temperature", c.c_float()),
+            ("seed", c.c_uint64()), ("offset", c.c_uint32(0)), ("feed", c.c_void_p(step.feed.data.ptr)),
+            ("mask_t", c.c_void_p(dev["mask_t"].data.ptr)), ("C", c.c_int32(self.C)), ("L_run", c.c_int32(0)),
+            ("seq", c.c_void_p(dev["seq"].data.ptr)), ("seq_pitch", c.c_int32(self.P)),
+            ("seq_len", c.c_void_p(dev["seq_len"].data.ptr)), ("limit", c.c_void_p(dev["limit"].data.ptr)),
+            ("finished", c.c_void_p(dev["finished"].data.ptr)), ("eos", c.c_void_p(dev["eos"].data.ptr)),
+            ("n_eos", c.c_int32(self.E)), ("pad_id", c.c_int64()), ("pos_limit", c.c_int64()),
+            ("report", c.c_void_p(0)), ("B", c.c_int32(B))],
+            commit, B + _copy_blocks(commit.rows, commit.words))
+
+    def _build_speculative(self, target, draft, step_kernel, done_kernel):
         c = ctypes
         B, V, G, C, dev = self.B, self.V, self.G, self.C, self.dev
-        tag = "f32" if target.logits_dtype.char == "f" else "f16"
-        vec = 16 // target.logits_dtype.itemsize
-        if V % vec:
-            vec = 1
-        step_kernel, done_kernel, self.compact_plan = _functions(draft.device_id, tag, vec)
         self.step_launches = []
         for i in range(G):
             step = self.draft_steps[min(i, 1)]
-            nxt = self.target_step if i == G - 1 else self.draft_steps[1]
             commit = self._commit(draft, step)
             self.step_launches.append(_Launch(step_kernel.kernel.ptr, [
                 ("logits", c.c_void_p(step.logits.data.ptr)), ("S_run", c.c_int32(step.steps)), ("V", c.c_int32(V)),
@@ -174,17 +209,17 @@ class _RoundBuffers:
                 ("draft_tokens", c.c_void_p(self.draft_tokens.data.ptr)), ("step", c.c_int32(i)),
                 ("G", c.c_int32(G)), ("run_feed", c.c_void_p(step.feed.data.ptr)),
                 ("mask_d", c.c_void_p(dev["mask_d"].data.ptr)), ("C", c.c_int32(C)), ("L_run", c.c_int32(0)),
-                ("next_feed", c.c_void_p(nxt.feed.data.ptr)), ("next_is_target", c.c_int32(i == G - 1)),
+                ("next_feed", c.c_void_p(0)), ("next_is_target", c.c_int32(0)),
                 ("mask_t", c.c_void_p(dev["mask_t"].data.ptr)), ("seq", c.c_void_p(dev["seq"].data.ptr)),
                 ("seq_pitch", c.c_int32(self.P)), ("seq_len", c.c_void_p(dev["seq_len"].data.ptr)),
                 ("finished", c.c_void_p(dev["finished"].data.ptr)),
                 ("draft_len", c.c_void_p(self.draft_len.data.ptr)), ("pos_limit", c.c_int64()), ("B", c.c_int32(B))],
                 commit, 2 * B + _copy_blocks(commit.rows, commit.words)))
-        commit = self._commit(target, self.target_step)
-        self.done_words = commit.words
+        top = self.target_step(target, G + 1)
+        commit = self._commit(target, top)
         self.done_launch = _Launch(done_kernel.kernel.ptr, [
             ("verify_out", c.c_void_p(0)), ("G", c.c_int32(G)),
-            ("target_feed", c.c_void_p(self.target_step.feed.data.ptr)), ("target_cols", c.c_int32(G + 1)),
+            ("target_feed", c.c_void_p(top.feed.data.ptr)), ("target_cols", c.c_int32(G + 1)),
             ("mask_t", c.c_void_p(dev["mask_t"].data.ptr)), ("mask_d", c.c_void_p(dev["mask_d"].data.ptr)),
             ("C", c.c_int32(C)), ("L_target", c.c_int32(0)), ("seq", c.c_void_p(dev["seq"].data.ptr)),
             ("seq_pitch", c.c_int32(self.P)), ("seq_len", c.c_void_p(dev["seq_len"].data.ptr)),
@@ -195,9 +230,10 @@ class _RoundBuffers:
             ("pos_limit", c.c_int64()), ("report", c.c_void_p(0)), ("B", c.c_int32(B))],
             commit, B + _copy_blocks(commit.rows, commit.words))
 
-    def start(self, req, caches, *, temperature, seed, pad_id, pos_limit, stream):
+    def start(self, req, caches, *, gamma, temperature, seed, pad_id, pos_limit, stream):
         """One generate()'s initial state up in one copy, the per-call launch fields, and the first
-        round's draft lengths and feed (round_done with nothing emitted)."""
+        round's feeds: for speculative rounds the draft lengths and first draft feed (round_done with
+        nothing emitted), for target steps the S = 1 feed (built here)."""
         import cupy
         host, B = self.host, self.B
         seq = host["seq"].reshape(B, self.P)
@@ -213,144 +249,255 @@ class _RoundBuffers:
             mask[:, cache.length:] = 0
         cupy.cuda.runtime.memcpyAsync(self.state.data.ptr, self.host_state.ctypes.data, self.host_state.nbytes,
                                       1, stream.ptr)
+        if self.G == 0:
+            self.target_launch.set(temperature=temperature, seed=seed & (2 ** 64 - 1), pad_id=pad_id,
+                                   pos_limit=pos_limit)
+            live = ~req.finished
+            feed = np.zeros(2 * B + B * (self.C + 1), np.int64)
+            feed[:B] = np.where(live, req.last_tokens(), pad_id)
+            feed[B:2 * B] = np.clip(req.seq_len - 1, 0, pos_limit)
+            mask = feed[2 * B:].reshape(B, self.C + 1)
+            mask[:, :caches[0].length] = caches[0].mask
+            mask[:, self.C] = live
+            self.target_steps[1].feed.set(feed, stream=stream)
+            return
         for launch in self.step_launches:
             launch.set(temperature=temperature, seed=seed & (2 ** 64 - 1), pos_limit=pos_limit)
         done = self.done_launch
         done.set(pad_id=pad_id, pos_limit=pos_limit, verify_out=self.no_verify.data.ptr, target_cols=0,
-                 report=self.first_report.data.ptr)
+                 report=self.first_report.data.ptr, G=gamma, gamma_next=gamma)
         done.commit.words = 0
         done(stream)
-        done.set(target_cols=self.G + 1)
-        done.commit.words = self.done_words
 
 
 def round_buffers(decoder, B: int, C: int, P: int, G: int, E: int) -> _RoundBuffers:
     """The decoder's _RoundBuffers for this shape and the sessions' current plans (made on first use)."""
     kept = decoder._round_buffers
-    key = (B, C, P, G, E, id(decoder.target._plan), id(decoder.draft._plan))
+    draft = decoder.draft if G else None
+    key = (B, C, P, G, E, id(decoder.target._plan), id(draft._plan) if draft is not None else None)
     buffers = kept.pop(key, None)
     if buffers is None:
         if len(kept) >= MAX_BUFFERS:
             kept.pop(next(iter(kept)))
-        buffers = _RoundBuffers(decoder.target, decoder.draft, B, C, P, G, E, decoder.stream)
+        buffers = _RoundBuffers(decoder.target, draft, B, C, P, G, E, decoder.stream)
     kept[key] = buffers   # most recently used last
     return buffers
 
 
-class DeviceRounds:
-    """The speculative rounds of one generate() call, with the state on the device (module docstring).
+class DeviceCost:
+    """AutoGamma's cost of a device round of gamma drafts: the model runs' GPU time measured by replaying
+    the captured graphs (calibrate_model_costs), plus a line a + b * gamma fitted to what the rounds
+    read so far took beyond it (kernels, verify(), idle gaps); 0 before any round is read."""
 
-    Iterating yields, per round as the host reads it, (active [B], draft_len [B], accepted [B], taken [B])
-    host arrays (active: the rows unfinished before the round), after the host's copy of the sequences
-    (req) has taken the round's tokens.
+    def __init__(self, model_s: dict):
+        from specsample_cupy.gamma_policy import LineCost
+        self.model_s = model_s
+        self.rest = LineCost(prior_ratio=0.05)
+
+    def observe(self, gamma: int, seconds: float):
+        self.rest.observe(gamma, seconds - self.model_s[gamma])
+
+    def __call__(self, gammas):
+        model = np.array([self.model_s[int(g)] for g in gammas])
+        rest = self.rest(gammas) if self.rest.w else 0.0
+        return model + np.maximum(rest, 0.0)
+
+
+def calibrate_model_costs(decoder, buf: _RoundBuffers, gammas, replays: int = 5) -> dict:
+    """GPU seconds of a round's model runs for each gamma (the draft's S = 2 run, gamma - 1 S = 1 runs,
+    the target's S = gamma + 1 run), from replays of each captured graph between CUDA events. Runs
+    before a call's first round writes any feed (the feeds are zeroed first: every id in range), and
+    kept per plan by the decoder."""
+    import cupy
+    key = (buf.plans, tuple(gammas))
+    kept = decoder._model_costs.get(key)
+    if kept is not None:
+        return kept
+    stream = decoder.stream
+    runs = {("draft", 2): (decoder.draft, buf.draft_steps[0])}
+    if len(buf.draft_steps) > 1:
+        runs[("draft", 1)] = (decoder.draft, buf.draft_steps[1])
+    for g in gammas:
+        runs[("target", g + 1)] = (decoder.target, buf.target_step(decoder.target, g + 1))
+    seconds = {}
+    with stream:
+        for key_run, (session, step) in runs.items():
+            step.feed.fill(0)
+            session.replay(step)   # the first replay captures the graph
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            for _ in range(replays):
+                session.replay(step)
+            end.record(stream)
+            end.synchronize()
+            seconds[key_run] = cupy.cuda.get_elapsed_time(start, end) / 1e3 / replays
+    costs = {g: seconds[("draft", 2)] + (g - 1) * seconds.get(("draft", 1), 0.0) + seconds[("target", g + 1)]
+             for g in gammas}
+    decoder._model_costs[key] = costs
+    return costs
+
+
+class DeviceRounds:
+    """The rounds of one generate() call, with the state on the device (module docstring).
+
+    Iterating yields a decode_stats.Round per round as the host reads it, after the host's copy of the
+    sequences (req) has taken the round's tokens. draft_cache None: target-only (gamma = 0).
     """
 
-    def __init__(self, decoder, req, target_cache, draft_cache, *, gamma, gamma_cap, method, temperature,
-                 seed, clock, offsets_per_round):
-        if target_cache.capacity != draft_cache.capacity:
+    def __init__(self, decoder, req, target_cache, draft_cache, *, policy, method, temperature, seed, clock):
+        if draft_cache is not None and target_cache.capacity != draft_cache.capacity:
             raise ValueError("device rounds need both caches at the same capacity")
-        self.dec, self.req, self.clock = decoder, req, clock
+        self.dec, self.req, self.clock, self.policy = decoder, req, clock, policy
         self.target, self.draft = decoder.target, decoder.draft
         self.tc, self.dc = target_cache, draft_cache
-        self.gamma, self.method, self.temperature, self.seed = gamma, method, temperature, seed
-        self.offsets_per_round, self.gamma_cap = offsets_per_round, gamma_cap
+        self.method, self.temperature, self.seed = method, temperature, seed
+        self.cap = policy.cap
+        self.per_round = self.cap + 1
         self.stream = decoder.stream
         self.discarded = 0
+        self.read_wait_s = 0.0
         self._unread = 0   # rounds enqueued whose reports the host has not read
         self.B = B = req.batch
         P = -(-req.seq.shape[1] // PITCH_ROUND) * PITCH_ROUND
-        buf = self.buf = round_buffers(decoder, B, target_cache.capacity, P, gamma, int(req.eos_ids.size))
-        self.draft_steps, self.target_step = buf.draft_steps, buf.target_step
-        self.step_launches, self.done_launch = buf.step_launches, buf.done_launch
-        self.draft_tokens, self.draft_logits, self.draft_len = buf.draft_tokens, buf.draft_logits, buf.draft_len
-        self.host_reports, self.report_events = buf.host_reports, buf.report_events
-        self.report_size, self.masks = buf.report_size, {"target": buf.dev["mask_t"].reshape(B, -1),
-                                                         "draft": buf.dev["mask_d"].reshape(B, -1)}
+        self.buf = buf = round_buffers(decoder, B, target_cache.capacity, P, self.cap, int(req.eos_ids.size))
+        self.masks = {"target": buf.dev["mask_t"].reshape(B, -1), "draft": buf.dev["mask_d"].reshape(B, -1)}
+        if hasattr(policy, "cost") and isinstance(policy.cost, DeviceCost) and policy.cost.model_s is None:
+            policy.cost.model_s = calibrate_model_costs(decoder, buf, range(policy.lo, policy.cap + 1))
+        self.gammas = {0: policy.next_gamma()}
         limit = decoder.context_length
-        buf.start(req, (target_cache, draft_cache), temperature=temperature, seed=seed, pad_id=req.pad_id,
-                  pos_limit=(limit or np.iinfo(np.int64).max) - 1, stream=self.stream)
+        buf.start(req, (target_cache, draft_cache), gamma=self.gammas[0], temperature=temperature, seed=seed,
+                  pad_id=req.pad_id, pos_limit=(limit or np.iinfo(np.int64).max) - 1, stream=self.stream)
+
+    def finish(self, rows) -> None:
+        """Finish these requests now (stop strings): on the host at once, on the device from the next
+        round enqueued (rounds already enqueued may still compute for them; the host ignores that)."""
+        rows = np.asarray(rows, np.int64)
+        self.req.stop(rows)
+        with self.stream:
+            self.buf.dev["finished"][rows] = 1
 
     # -- rounds -------------------------------------------------------------------------------------
     def _enqueue(self, r: int):
-        """Enqueue round r: gamma draft runs, the target run, verify(), round_done (which writes the report
-        into host memory) and an event the host waits on. Round r - 2's report, in the same slot, was read
-        before this call."""
-        self._compact_full_caches()
+        """Enqueue round r and an event the host waits on; its last kernel writes the report into host
+        memory. Round r - 2's report, in the same slot, was read before this call."""
+        gamma = self.gammas[r]
+        if gamma:
+            self.gammas[r + 1] = self.policy.next_gamma()
+        else:
+            self.gammas[r + 1] = 0
+        self._compact_full_caches(gamma + 1)
         self._unread += 1
-        stream, G = self.stream, self.gamma
-        base = r * self.offsets_per_round
-        for i, launch in enumerate(self.step_launches):
-            step = self.draft_steps[min(i, 1)]
+        report = self.buf.host_reports[r % 2].ctypes.data
+        if gamma == 0:
+            self._enqueue_target_step(r, report)
+        else:
+            self._enqueue_speculative(r, gamma, report)
+        self.buf.report_events[r % EVENTS].record(self.stream)
+
+    def _enqueue_target_step(self, r: int, report: int):
+        buf, L = self.buf, self.tc.length
+        launch = buf.target_launch
+        self.target.replay(buf.target_steps[1])
+        self.tc.length += 1
+        launch.slots["offset"].value = r & 0xFFFFFFFF
+        launch.slots["L_run"].value = L
+        launch.slots["report"].value = report
+        buf.set_commit(launch.commit, 1, L)
+        launch(self.stream)
+
+    def _enqueue_speculative(self, r: int, gamma: int, report: int):
+        buf, stream, B = self.buf, self.stream, self.B
+        base = r * self.per_round
+        target_step = buf.target_step(self.target, gamma + 1)
+        for i in range(gamma):
+            launch = buf.step_launches[i]
+            step = buf.draft_steps[min(i, 1)]
             L = self.dc.length
             self.draft.replay(step)
             self.dc.length += step.steps
-            launch.slots["offset"].value = (base + i) & 0xFFFFFFFF
-            launch.slots["L_run"].value = L
-            launch.commit.dst = L * (launch.commit.cache_pitch // self.dc.capacity)
+            last = i == gamma - 1
+            launch.set(offset=(base + i) & 0xFFFFFFFF, L_run=L, G=gamma, next_is_target=int(last),
+                       next_feed=(target_step if last else buf.draft_steps[1]).feed.data.ptr)
+            buf.set_commit(launch.commit, step.steps, L)
             launch(stream)
         L = self.tc.length
-        self.target.replay(self.target_step)
-        self.tc.length += G + 1
+        self.target.replay(target_step)
+        self.tc.length += gamma + 1
         # When the target run is timed, its end event also starts verify()'s span (one event fewer).
         timed = self.dec.time_model_runs
         target_end = self.clock.last_end("model") if timed and self.target.run_span is not None else None
+        vocab = buf.V
+        draft_tokens = buf.draft_tokens[:B * gamma].reshape(B, gamma)
+        draft_logits = buf.draft_logits[:B * gamma * vocab].reshape(B, gamma, vocab)
         with self.clock.span("verify", start=target_end) if timed else contextlib.nullcontext():
-            res = verify(self.draft_tokens, self.draft_logits, self.target_step.logits, method=self.method,
-                         temperature=self.temperature, seed=self.seed, offset=base + self.gamma_cap,
-                         draft_lengths=self.draft_len)
-        slot = r % 2
-        done = self.done_launch
-        done.slots["verify_out"].value = res.packed.data.ptr
-        done.slots["L_target"].value = L
-        done.slots["report"].value = self.host_reports[slot].ctypes.data
-        done.commit.dst = L * (done.commit.cache_pitch // self.tc.capacity)
+            res = verify(draft_tokens, draft_logits, target_step.logits, method=self.method,
+                         temperature=self.temperature, seed=self.seed, offset=base + self.cap,
+                         draft_lengths=buf.draft_len)
+        done = buf.done_launch
+        done.set(verify_out=res.packed.data.ptr, L_target=L, report=report, G=gamma, target_cols=gamma + 1,
+                 target_feed=target_step.feed.data.ptr, gamma_next=self.gammas[r + 1])
+        buf.set_commit(done.commit, gamma + 1, L)
         self._keep = res   # its buffer must outlive the launch
         done(stream)
-        self.report_events[slot].record(stream)
 
     def _wait(self, r: int):
         """Wait until round r's report is in host memory."""
-        import time
         started = time.perf_counter()
-        self.report_events[r % 2].synchronize()
-        self.dec._read_wait_s += time.perf_counter() - started
+        self.buf.report_events[r % EVENTS].synchronize()
+        self.read_wait_s += time.perf_counter() - started
+
+    def _report(self, r: int):
+        """Round r's report (in host memory): (VerifyResult part, taken [B], finished [B])."""
+        B, G = self.B, self.gammas[r]
+        report = self.buf.host_reports[r % 2][:self.buf.report_size - (self.cap - G) * B]
+        packed = 3 * B + B * (G + 1)
+        return report, packed
 
     def _finishes_all(self, r: int) -> bool:
         """Whether round r (its report in host memory) left every request finished: its report's flags."""
-        return bool(self.host_reports[r % 2][-self.B:].all())
+        report, packed = self._report(r)
+        return bool(report[packed + self.B:packed + 2 * self.B].all())
 
     def _read(self, r: int):
         """Wait for round r's report; apply it to the host's sequences."""
-        slot, B, G = r % 2, self.B, self.gamma
         self._wait(r)
         self._unread -= 1
-        report = self.host_reports[slot].copy()
-        packed = 3 * B + B * (G + 1)
+        report, packed = self._report(r)
+        report = report.copy()
+        B, G = self.B, self.gammas[r]
         result = VerifyResult(report[:packed], B)
         errors.raise_if_any(result.error)
         req = self.req
         active = ~req.finished
-        draft_len = req.draft_lengths(G)   # what round_done set for this round
-        taken, finished = report[packed:packed + B], report[packed + B:].astype(bool)
-        if (active & (taken <= 0)).any():   # verify() emits >= 1 token where it reports no error
+        draft_len = req.draft_lengths(G) if G else np.zeros(B, np.int64)   # what round_done set for this round
+        taken, finished = report[packed:packed + B], report[packed + B:packed + 2 * B].astype(bool)
+        if (active & ~req.stopped & (taken <= 0)).any():   # >= 1 token where no error is reported
             raise RuntimeError(f"device round {r} emitted nothing for an unfinished request: report {report.tolist()}")
-        req.take(result.tokens, taken, finished)
-        return active, draft_len, result.emitted - 1, taken
+        taken = req.take(result.tokens, taken, finished)
+        accepted = result.emitted - 1 if G else np.zeros(B, np.int64)
+        rnd = Round(active, draft_len, accepted, taken, G)
+        seconds = None
+        if r > 0 and getattr(self.policy, "cost", None) is not None:   # GPU time between two reports
+            import cupy
+            seconds = cupy.cuda.get_elapsed_time(self.buf.report_events[(r - 1) % EVENTS],
+                                                 self.buf.report_events[r % EVENTS]) / 1e3
+        self.policy.observe(rnd, seconds)
+        return rnd
 
-    def _compact_full_caches(self):
-        """Before enqueuing a round: compact each cache that lacks room for it, on the device and in
-        stream order, so that no round has to be read first. compact_plan right-aligns each row's real
-        slots to a length no row can exceed: the longest sequence the host has read, plus gamma + 1
-        tokens per round still unread, minus one (a cache holds at most its row's length minus one
-        tokens). Then one gather moves the keys and values, and the next draft feed's copy of the draft
-        mask follows the draft's new mask."""
+    def _compact_full_caches(self, need: int):
+        """Before enqueuing a round that adds `need` columns to each cache: compact each cache that lacks
+        room for it, on the device and in stream order, so that no round has to be read first.
+        compact_plan right-aligns each row's real slots to a length no row can exceed: the longest
+        sequence the host has read, plus cap + 1 tokens per round still unread, minus one (a cache holds
+        at most its row's length minus one tokens). Then one gather moves the keys and values, and
+        the next run's feed copy of the mask follows the new mask."""
         import cupy
-        need, B = self.gamma + 1, self.B
-        full = [(role, cache) for role, cache in (("target", self.tc), ("draft", self.dc))
-                if cache.length + need > cache.capacity]
+        B = self.B
+        caches = (("target", self.tc),) + ((("draft", self.dc),) if self.dc is not None else ())
+        full = [(role, cache) for role, cache in caches if cache.length + need > cache.capacity]
         if not full:
             return
-        new_length = int(self.req.seq_len.max()) + need * self._unread - 1
+        new_length = int(self.req.seq_len.max()) + self.per_round * self._unread - 1
         with self.stream:
             for role, cache in full:
                 if new_length + need > cache.capacity:
@@ -361,14 +508,17 @@ class DeviceRounds:
                                                          np.int32(cache.length), np.int32(new_length), cols))
                 cache.gather(cols)
                 cache.length = new_length
-            C = self.dc.capacity
-            self.draft_steps[0].feed[4 * B:].reshape(B, C + 2)[:, :C] = self.masks["draft"]
+            C = self.tc.capacity
+            if self.dc is not None:
+                self.buf.draft_steps[0].feed[4 * B:].reshape(B, C + 2)[:, :C] = self.masks["draft"]
+            else:
+                self.buf.target_steps[1].feed[2 * B:].reshape(B, C + 1)[:, :C] = self.masks["target"]
 
-    def _can_run_ahead(self) -> bool:
+    def _can_run_ahead(self, r: int) -> bool:
         """Whether round r + 1 is needed whatever round r (in flight) emits, bar an EOS: some unfinished
         request would still have tokens to generate after round r's at most gamma + 1."""
         req = self.req
-        return bool(((~req.finished) & (req.remaining > self.gamma + 1)).any())
+        return bool(((~req.finished) & (req.remaining > self.gammas[r] + 1)).any())
 
     def __iter__(self):
         r = 0
@@ -376,7 +526,7 @@ class DeviceRounds:
             return
         self._enqueue(0)
         while True:
-            ahead = self._can_run_ahead()
+            ahead = self._can_run_ahead(r)
             if ahead:
                 self._enqueue(r + 1)
             else:

@@ -20,7 +20,8 @@ def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, logits_dtype=Non
     """Sample ids from logits [B, V] (NumPy or CuPy, float32/float16/bfloat16).
 
     temperature: scalar or [B]; 0 takes the argmax (first index on ties).
-    Returns [B] int32 of the input's module; on CuPy, rows with NaN/+Inf logits give -1.
+    Returns [B] int32 of the input's module; on CuPy, rows with NaN/+Inf logits give -1 and rows
+    with no finite logit -2 (callers check: decode_host raises, decode_device reports an error).
     (_out: the decoder's reused int32 buffer of 4B elements for the fast path; the result is a view
     of it that the next call overwrites.)
     """

@@ -5,7 +5,7 @@ import types
 
 import numpy as np
 
-from specsample_cupy.decoder import _Requests
+from specsample_cupy.requests import Requests as _Requests
 from specsample_cupy.sessions_static import StaticKVCache
 
 

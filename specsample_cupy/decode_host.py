@@ -1,0 +1,145 @@
+"""The host-driven decode loop: the reference on the CPU, and on CUDA for models that cannot run with
+fixed bindings (decode_device needs CUDA graphs).
+
+A speculative round: the draft proposes gamma tokens one run at a time (sampled with sample_tokens),
+the target scores gamma + 1 positions in one run, verify() accepts a prefix and picks the next
+token, the host appends what each request takes (Requests.append: EOS and budget cuts) and both
+caches roll back to what they have seen of the accepted sequences. A round of gamma = 0 is a
+target step: one run, one sampled token per request. The host reads one small result per round.
+
+Random numbers: round r's draft run i samples at Philox offset r * (cap + 1) + i and its verify()
+at r * (cap + 1) + cap (cap: the policy's largest gamma); target step r samples at offset r. The
+device loop uses the same offsets, so both give the same tokens (up to float near-ties).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+
+from specsample_cupy import errors
+from specsample_cupy.decode_stats import Round
+from specsample_cupy.sampling import sample_tokens
+from specsample_cupy.verify import VerifyResult, verify
+
+
+def to_host(array) -> np.ndarray:
+    return array.get() if hasattr(array, "get") else np.asarray(array)
+
+
+def put_column(dst, i: int, src):
+    """dst[:, i] = src: dst [B, G, ...] C-contiguous, src [B, ...] with contiguous rows. On the GPU one
+    strided copy when the dtypes agree, rather than an elementwise kernel launch."""
+    if isinstance(dst, np.ndarray) or dst.dtype != src.dtype or not dst.flags.c_contiguous \
+            or (src.ndim > 1 and not src[0].flags.c_contiguous):
+        dst[:, i] = src
+        return
+    import cupy
+    row = src.itemsize * (src[0].size if src.ndim > 1 else 1)
+    cupy.cuda.runtime.memcpy2DAsync(dst.data.ptr + i * dst.strides[1], dst.strides[0], src.data.ptr,
+                                    src.strides[0], row, dst.shape[0], 3, cupy.cuda.get_current_stream().ptr)
+
+
+class HostRounds:
+    """Iterating runs rounds until every request has finished, yielding a decode_stats.Round each."""
+
+    def __init__(self, dec, req, target_cache, draft_cache, *, policy, method, temperature, seed, clock):
+        self.dec, self.req, self.tc, self.dc = dec, req, target_cache, draft_cache
+        self.policy, self.method, self.temperature, self.seed, self.clock = policy, method, temperature, seed, clock
+        self.per_round = policy.cap + 1
+        self.read_wait_s = 0.0
+        self.discarded = 0
+        xp, B, cap = dec.xp, req.batch, policy.cap
+        if cap:
+            self.draft_tokens_buf = xp.zeros(B * cap, np.int32)
+            self.draft_logits_buf = xp.zeros(B * cap * dec.target.vocab_size, dec.target.logits_dtype)
+            # The draft sampler's output, reused: copied into draft_tokens before the next call.
+            self.sample_out = xp.empty(4 * B, np.int32) if dec.stream is not None else None
+
+    def finish(self, rows) -> None:
+        self.req.stop(rows)
+
+    def __iter__(self):
+        r = 0
+        while not self.req.finished.all():
+            started = time.perf_counter()
+            gamma = self.policy.next_gamma()
+            active = ~self.req.finished
+            if gamma == 0:
+                taken = self._target_step(r)
+                rnd = Round(active, np.zeros(self.req.batch, np.int64), np.zeros(self.req.batch, np.int64), taken, 0)
+            else:
+                draft_len, accepted, taken = self._speculative_round(r, gamma)
+                rnd = Round(active, draft_len, accepted, taken, gamma)
+            self.policy.observe(rnd, time.perf_counter() - started)
+            yield rnd
+            r += 1
+
+    def _read(self, packed, batch):
+        started = time.perf_counter()
+        result = VerifyResult(to_host(packed), batch)   # the round's one device-to-host read
+        self.read_wait_s += time.perf_counter() - started
+        errors.raise_if_any(result.error)
+        return result
+
+    def _speculative_round(self, r: int, gamma: int):
+        dec, req, clock = self.dec, self.req, self.clock
+        batch, vocab = req.batch, dec.target.vocab_size
+        offset_base = r * self.per_round
+        draft_len = req.draft_lengths(gamma)
+        gamma = int(draft_len.max(initial=0))
+        draft_tokens = self.draft_tokens_buf[:batch * gamma].reshape(batch, gamma)
+        draft_logits = self.draft_logits_buf[:batch * gamma * vocab].reshape(batch, gamma, vocab)
+        no_ids = np.zeros((batch, 1), np.int64)   # placeholders for ids that come from the device
+
+        # 1. The draft proposes gamma tokens, one run each. Its first run catches up on the tokens it has not
+        #    seen: the last emitted one and, after a fully accepted round, the last draft token too.
+        for i in range(gamma):
+            if i == 0:
+                ids, mask, positions = req.columns(self.dc.n_real, req.seq_len, rows=draft_len > 0)
+                on_device = None
+            else:
+                ids, mask, positions = no_ids, (i < draft_len)[:, None], (req.seq_len + i - 1)[:, None]
+                on_device = draft_tokens[:, i - 1:i]
+            logits = dec.draft.forward(self.dc, ids, mask, positions, on_device)[:, -1]
+            put_column(draft_logits, i, logits)
+            with clock.span("sampling"):
+                put_column(draft_tokens, i, sample_tokens(logits, temperature=self.temperature, seed=self.seed,
+                                                          offset=offset_base + i, _out=self.sample_out))
+
+        # 2. The target scores gamma+1 positions in one run: the last emitted token, then the drafts.
+        ids = np.zeros((batch, gamma + 1), np.int64)
+        ids[:, 0] = req.last_tokens()
+        column = np.arange(gamma + 1)[None, :]
+        mask = (column <= draft_len[:, None]) & ~req.finished[:, None]
+        target_logits = dec.target.forward(self.tc, ids, mask, req.seq_len[:, None] - 1 + column, draft_tokens)
+
+        # 3. Verify: accept a prefix of each request's drafts, then sample the corrected (or bonus) token.
+        lengths = dec.upload(draft_len.astype(np.int32))   # before the span: it times verify() alone
+        with clock.span("verify") if dec.time_model_runs else contextlib.nullcontext():
+            res = verify(draft_tokens, draft_logits, target_logits, method=self.method,
+                         temperature=self.temperature, seed=self.seed, offset=offset_base + self.policy.cap,
+                         draft_lengths=lengths)
+        result = self._read(res.packed, batch)
+
+        # 4. Append the accepted tokens; roll both caches back to what they have seen of the new sequences.
+        taken = req.append(result.tokens, result.emitted)
+        self.tc.rollback(req.seq_len - 1)
+        self.dc.rollback(req.seq_len - 1)
+        return draft_len, result.emitted - 1, taken
+
+    def _target_step(self, r: int):
+        """One target run, one sampled token per unfinished request."""
+        req = self.req
+        ids, mask, positions = req.columns(self.tc.n_real, req.seq_len, rows=~req.finished)
+        logits = self.dec.target.forward(self.tc, ids, mask, positions)[:, -1]
+        with self.clock.span("sampling"):
+            tokens = to_host(sample_tokens(logits, temperature=self.temperature, seed=self.seed, offset=r))
+        bad = ~req.finished & (tokens < 0)
+        if bad.any():   # the GPU sampler's answer for a row with NaN/+Inf logits or no finite one
+            raise ValueError(f"target logits hold NaN/+Inf or have no finite value in request(s) "
+                             f"{np.flatnonzero(bad).tolist()}")
+        taken = req.append(tokens[:, None], np.ones(req.batch, np.int64))
+        self.tc.rollback(req.seq_len - 1)   # drops nothing; lets finished rows' holes be compacted away
+        return taken

@@ -1,0 +1,126 @@
+"""How many drafts each round proposes: fixed, Hugging Face's heuristic, or chosen from measurements.
+
+A loop asks `next_gamma()` before it enqueues a round and tells the policy what each round it has
+read did with `observe(round, seconds)`. The device loop reads rounds one or two behind the one it
+enqueues, so its choices lag the newest measurements by that much; nothing waits for them.
+
+AutoGamma maximises expected tokens per second. With a per-draft acceptance probability alpha
+(drafts are accepted while they keep being accepted, so the accepted count is truncated
+geometric), a round of gamma drafts emits on average
+
+    E(gamma) = (1 - alpha^(gamma + 1)) / (1 - alpha)   tokens per request,
+
+and costs cost(gamma) seconds; the policy takes argmax E / cost over [gamma_min, gamma_max].
+alpha is estimated from the rounds read so far (successes / trials of the truncated geometric, with
+exponential forgetting and a weak prior); cost comes from the loop: the device loop's per-run costs
+measured by replaying its captured graphs plus the per-round remainder it observes, the host loop a
+straight line a + b * gamma fitted to the rounds' wall times.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+FORGET = 0.95          # weight of older observations per round read
+PRIOR_ALPHA = 0.6      # acceptance assumed before any round is read ...
+PRIOR_TRIALS = 4.0     # ... worth this many drafts
+
+
+def expected_tokens(alpha: float, gamma: np.ndarray) -> np.ndarray:
+    """Mean tokens a request emits in a round of `gamma` drafts at acceptance probability alpha."""
+    gamma = np.asarray(gamma, np.float64)
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1.0)) / (1.0 - alpha)
+
+
+class FixedGamma:
+    def __init__(self, gamma: int):
+        self.gamma = self.cap = int(gamma)
+
+    def next_gamma(self) -> int:
+        return self.gamma
+
+    def observe(self, rnd, seconds: float | None = None) -> None:
+        pass
+
+
+class HeuristicGamma(FixedGamma):
+    """Hugging Face's rule: gamma + 2 after a round where every request accepted all its drafts, else
+    gamma - 1, within [gamma_min, gamma_max]."""
+
+    def __init__(self, gamma: int, gamma_min: int, gamma_max: int):
+        self.gamma, self.lo, self.cap = int(np.clip(gamma, gamma_min, gamma_max)), gamma_min, gamma_max
+
+    def observe(self, rnd, seconds=None):
+        proposing = rnd.active & (rnd.draft_len > 0)
+        if proposing.any():
+            all_in = bool((rnd.accepted[proposing] >= rnd.draft_len[proposing]).all())
+            self.gamma = int(np.clip(self.gamma + (2 if all_in else -1), self.lo, self.cap))
+
+
+class LineCost:
+    """cost(gamma) = a + b * gamma, fitted by weighted least squares to (gamma, seconds) of the rounds
+    read, with older rounds forgotten; before two distinct gammas are seen, b = a * prior_ratio."""
+
+    def __init__(self, prior_ratio: float = 0.3):
+        self.ratio = prior_ratio
+        self.w = self.wx = self.wy = self.wxx = self.wxy = 0.0
+
+    def observe(self, gamma: int, seconds: float):
+        f = FORGET
+        self.w, self.wx, self.wy = f * self.w + 1, f * self.wx + gamma, f * self.wy + seconds
+        self.wxx, self.wxy = f * self.wxx + gamma * gamma, f * self.wxy + gamma * seconds
+
+    def __call__(self, gamma: np.ndarray) -> np.ndarray:
+        if self.w == 0:
+            return 1.0 + self.ratio * np.asarray(gamma, np.float64)
+        mx, my = self.wx / self.w, self.wy / self.w
+        var = self.wxx / self.w - mx * mx
+        if var > 1e-9:
+            b = (self.wxy / self.w - mx * my) / var
+            a = my - b * mx
+            if a > 0 and b > 0:
+                return a + b * np.asarray(gamma, np.float64)
+        a = my / (1 + self.ratio * mx)           # one gamma seen so far: keep the prior's shape
+        return a * (1 + self.ratio * np.asarray(gamma, np.float64))
+
+
+class AutoGamma(FixedGamma):
+    """argmax over gamma of expected tokens per second (module docstring).
+
+    cost: callable gamma [k] -> seconds [k] per round, with `observe(gamma, seconds)` to learn from
+    the rounds read (LineCost, or the device loop's calibrated cost)."""
+
+    def __init__(self, gamma: int, gamma_min: int, gamma_max: int, cost):
+        self.gamma, self.lo, self.cap, self.cost = int(np.clip(gamma, gamma_min, gamma_max)), gamma_min, gamma_max, cost
+        self.successes, self.trials = PRIOR_ALPHA * PRIOR_TRIALS, PRIOR_TRIALS
+
+    @property
+    def alpha(self) -> float:
+        return self.successes / self.trials
+
+    def observe(self, rnd, seconds=None):
+        proposing = rnd.active & (rnd.draft_len > 0)
+        if proposing.any():
+            acc, dl = rnd.accepted[proposing], rnd.draft_len[proposing]
+            rejected = (acc < dl).sum()        # each rejection ends a row's run of successes
+            self.successes = FORGET * self.successes + float(acc.sum())
+            self.trials = FORGET * self.trials + float(acc.sum() + rejected)
+        if seconds is not None and seconds > 0:
+            self.cost.observe(rnd.gamma, seconds)
+        gammas = np.arange(self.lo, self.cap + 1)
+        rate = expected_tokens(min(self.alpha, 0.999), gammas) / self.cost(gammas)
+        self.gamma = int(gammas[int(np.argmax(rate))])
+
+
+def make_policy(gamma: int, mode: str, gamma_min: int, gamma_max: int, cost=None):
+    """mode: "fixed", "adaptive" (HeuristicGamma) or "auto" (AutoGamma with `cost`, LineCost if None)."""
+    if mode == "fixed" or gamma == 0:
+        return FixedGamma(gamma)
+    if not 1 <= gamma_min <= gamma_max:
+        raise ValueError(f"need 1 <= gamma_min <= gamma_max, got {gamma_min}, {gamma_max}")
+    if mode == "adaptive":
+        return HeuristicGamma(gamma, gamma_min, gamma_max)
+    if mode == "auto":
+        return AutoGamma(gamma, gamma_min, gamma_max, cost if cost is not None else LineCost())
+    raise ValueError(f"gamma mode must be 'fixed', 'adaptive' or 'auto', got {mode!r}")
