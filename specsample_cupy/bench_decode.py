@@ -1,14 +1,28 @@
-"""`specsample bench decode`: target-only vs speculative decoding with each verification method."""
+"""`specsample bench decode`: end-to-end speed of each method against target-only decoding, at equal work.
+
+Every call generates exactly max_new_tokens per request (EOS ignored) through the same loop (the
+device loop on CUDA, the host loop on the CPU), and the benchmark checks that every method generated
+the same number of tokens. Each configuration (batch, method, gamma) runs once per seed, twice:
+
+- untimed (no CUDA events per run): its wall time gives the measured speed-up, target-only's wall
+  over the method's, per seed;
+- timed (CUDA events around every model run and verify()): its model and verify GPU time give the
+  ideal speed-up, target-only's model time over the method's model + verify time (what a loop with
+  no overhead would reach with the acceptance measured), and the overhead per round
+  (wall - model - verify). The events' own cost is the timed call's wall minus the untimed one's.
+
+Rows report the median and min-max over seeds and efficiency = measured / ideal.
+"""
 from __future__ import annotations
 
 import itertools
 import json
+import statistics
 
 import click
 
 from specsample_cupy.cli_decode import load_decoder, resolve_device
 
-BENCH_METHODS = ("target", "exact", "sigmoid", "baseline", "greedy")
 # The embedded pair was trained on Python standard-library code.
 DEFAULT_PROMPTS = (
     "def __init__(self, ",
@@ -20,148 +34,180 @@ DEFAULT_PROMPTS = (
     "    with open(path) as f:\n        ",
     "    except ValueError:\n        ",
 )
-COLUMNS = (
-    ("method", "{}"), ("tokens_per_s", "{:.1f}"), ("speedup", "{:.2f}x"), ("acceptance_rate", "{:.3f}"),
-    ("mean_accepted_per_round", "{:.2f}"), ("verify_time_per_round_s", "{:.2e}"),
-    ("host_overhead_per_round_s", "{:.2e}"), ("host_overhead_per_round_untimed_s", "{:.2e}"),
-    ("loop_overhead_per_round_s", "{:.2e}"),
-    ("model_time_s", "{:.3f}"), ("rounds", "{}"),
-)
 
 
-def results_table(rows: list[dict]) -> str:
-    cells = [[name for name, _ in COLUMNS]] + [
-        ["-" if r[name] is None else fmt.format(r[name]) for name, fmt in COLUMNS] for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
+def _call(decoder, prompts, method, gamma, temperature, seed, max_new_tokens, timed):
+    decoder.time_model_runs = timed
+    try:
+        out = decoder.generate(prompts, max_new_tokens=max_new_tokens, gamma=0 if method == "target" else gamma,
+                               method=method, temperature=0.0 if method == "greedy" else temperature, seed=seed,
+                               ignore_eos=True)
+    finally:
+        decoder.time_model_runs = True
+    expected = len(prompts) * max_new_tokens
+    if out.stats["generated_tokens"] != expected:
+        raise RuntimeError(f"{method} gamma={gamma} seed={seed} generated {out.stats['generated_tokens']} tokens, "
+                           f"not {expected}: the comparison would not be at equal work")
+    return out.stats
 
 
-def _median_call(outputs):
-    calls = sorted(outputs, key=lambda o: o.stats["tokens_per_s"])
-    return calls[len(calls) // 2], [o.stats["tokens_per_s"] for o in calls]
+def _summary(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def replayed_round_model_time(decoder, gamma: int, replays: int = 50) -> float | None:
-    """GPU seconds of one device round's model runs alone (the draft's S = 2 and gamma - 1 S = 1 runs,
-    the target's S = gamma + 1 run), from `replays` back-to-back replays of those captured graphs
-    between two CUDA events, right after a generate() with device rounds left their feeds in place
-    (a replay rewrites only its present scratch and logits, never the cache). None off that path."""
-    import cupy
-    draft, target = decoder.draft, decoder.target
-    plans = getattr(draft, "_plan", None), getattr(target, "_plan", None)
-    draft_steps = {2, 1} if gamma > 1 else {2}
-    if None in plans or not draft_steps <= set(plans[0].steps) or gamma + 1 not in plans[1].steps:
-        return None
-    runs = [(draft, plans[0].steps[2])] + [(draft, plans[0].steps[1])] * (gamma - 1) + \
-        [(target, plans[1].steps[gamma + 1])]
-    stream = decoder.stream
-    with stream:
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        for session, step in runs:   # warm
-            session.replay(step)
-        start.record(stream)
-        for _ in range(replays):
-            for session, step in runs:
-                session.replay(step)
-        end.record(stream)
-        end.synchronize()
-    return cupy.cuda.get_elapsed_time(start, end) / 1e3 / replays
+def measure(decoder, prompts, method, gamma, *, temperature, seeds, max_new_tokens):
+    """Per seed: an untimed call and a timed call of the same request. Returns the raw numbers."""
+    runs = []
+    for seed in seeds:
+        untimed = _call(decoder, prompts, method, gamma, temperature, seed, max_new_tokens, False)
+        timed = _call(decoder, prompts, method, gamma, temperature, seed, max_new_tokens, True)
+        runs.append({
+            "seed": seed, "wall_s": untimed["wall_s"], "wall_timed_s": timed["wall_s"],
+            "model_s": timed["model_time_s"], "verify_s": timed["verify_time_s"], "rounds": timed["rounds"],
+            "acceptance_rate": timed["acceptance_rate"], "mean_gamma": timed["mean_gamma"],
+            "overhead_per_round_s": timed["host_overhead_per_round_s"],
+            "events_per_round_s": (timed["wall_s"] - untimed["wall_s"]) / max(timed["rounds"], 1),
+            "loop": timed["loop"]})
+    return runs
 
 
-def run_bench(decoder, prompts, *, max_new_tokens, gamma, temperature, seed, repeats=3) -> list[dict]:
-    """`repeats` generate() calls per method over the same prompts, after a warm-up call; each row is
-    the call with the median tokens/s (host-bound timings vary between calls), with every call's
-    tokens/s listed. Speedups are relative to target-only decoding.
-
-    On CUDA the model runs and verify() are timed with CUDA events, which take GPU time of their own. So each
-    method also runs `repeats` calls without those events (tokens_per_s_untimed), and with device
-    rounds host_overhead_per_round_untimed_s is such a call's wall minus its prefill's model time (those
-    few runs stay timed) and, per round, the round's model runs replayed back to back
-    (replayed_round_model_time) and the timed calls' verify time (the same rounds: same prompts and
-    seed)."""
-    def run(method, n_tokens):
-        return decoder.generate(prompts, max_new_tokens=n_tokens, gamma=0 if method == "target" else gamma,
-                                method=method, temperature=0.0 if method == "greedy" else temperature, seed=seed)
-
-    # Warm-up with the measured shapes: allocators, kernel compilation (cache compaction's too), ONNX
-    # Runtime's first runs and, on CUDA, the capture of each run shape's graph happen here.
-    for method in BENCH_METHODS:
-        run(method, max_new_tokens)
+def rows_against_target(target_runs, configs):
+    """One row per configuration: speed-up (measured, per seed), ideal, efficiency; medians and ranges."""
+    by_seed = {r["seed"]: r for r in target_runs}
     rows = []
-    for method in BENCH_METHODS:
-        timed, each = _median_call([run(method, max_new_tokens) for _ in range(repeats)])
-        stats = timed.stats
-        row = {"method": method, "tokens_per_s_each": each, **{k: stats[k] for k in (
-            "tokens_per_s", "acceptance_rate", "mean_accepted_per_round", "verify_time_per_round_s",
-            "host_overhead_per_round_s", "loop_overhead_per_round_s", "model_run_host_s", "model_time_s",
-            "sampling_time_s", "read_wait_per_round_s", "wall_s", "rounds", "prefill_model_time_s",
-            "generated_tokens", "device_rounds", "discarded_rounds")}}
-        row["tokens_per_s_untimed"] = row["host_overhead_per_round_untimed_s"] = None
-        if stats["device"] == "cuda":
-            decoder.time_model_runs = False
-            try:
-                untimed, _ = _median_call([run(method, max_new_tokens) for _ in range(repeats)])
-            finally:
-                decoder.time_model_runs = True
-            u = untimed.stats
-            row["tokens_per_s_untimed"], row["wall_s_untimed"] = u["tokens_per_s"], u["wall_s"]
-            row["prefill_model_time_s_untimed"] = u["prefill_model_time_s"]
-            row["round_model_time_replayed_s"] = None
-            # baseline's verify() is CuPy ops launched one by one from the host: its time is not the same
-            # in another call, so it gets no un-instrumented figure.
-            if u["device_rounds"] is True and method != "baseline":
-                replayed = row["round_model_time_replayed_s"] = replayed_round_model_time(decoder, gamma)
-                if replayed is not None:
-                    # The same prompts and seed give the same rounds, so the timed calls' verify time.
-                    row["host_overhead_per_round_untimed_s"] = max(
-                        (u["wall_s"] - u["prefill_model_time_s"]) / u["rounds"] - replayed
-                        - stats["verify_time_per_round_s"], 0.0)
-        rows.append(row)
-    baseline = rows[0]["tokens_per_s"]
-    for row in rows:
-        row["speedup"] = row["tokens_per_s"] / baseline if baseline else 0.0
+    for (method, gamma), runs in configs:
+        measured = [by_seed[r["seed"]]["wall_s"] / r["wall_s"] for r in runs]
+        ideal = [by_seed[r["seed"]]["model_s"] / (r["model_s"] + r["verify_s"]) for r in runs]
+        efficiency = [m / i for m, i in zip(measured, ideal)]
+        rows.append({
+            "method": method, "gamma": gamma, "speedup": _summary(measured), "ideal": _summary(ideal),
+            "efficiency": _summary(efficiency),
+            "ms_per_token": _summary([1e3 * r["wall_s"] / r["tokens_per_request"] for r in runs]),
+            "acceptance_rate": statistics.median(r["acceptance_rate"] for r in runs),
+            "mean_gamma": statistics.median(r["mean_gamma"] for r in runs),
+            "overhead_per_round_us": statistics.median(1e6 * r["overhead_per_round_s"] for r in runs),
+            "events_per_round_us": statistics.median(1e6 * r["events_per_round_s"] for r in runs),
+            "loop": runs[0]["loop"], "runs": runs})
     return rows
 
 
+def run_bench(decoder, prompts, *, methods, gammas, temperature, seeds, max_new_tokens, progress=None):
+    """Target-only and every (method, gamma) over the same prompts and seeds (module docstring).
+    gammas: ints and/or "auto". Returns the rows; the first is target-only against itself."""
+    configs = [("target", 0)] + [(m, g) for m in methods if m != "target" for g in gammas]
+    # Warm-up with the measured shapes: kernel compilation, ONNX Runtime's first runs, graph captures
+    # and the auto policy's calibration happen here.
+    for method, gamma in configs:
+        _call(decoder, prompts, method, gamma, temperature, seeds[0], max_new_tokens, True)
+    measured = []
+    for method, gamma in (progress(configs) if progress else configs):
+        runs = measure(decoder, prompts, method, gamma, temperature=temperature, seeds=seeds,
+                       max_new_tokens=max_new_tokens)
+        for r in runs:
+            r["tokens_per_request"] = max_new_tokens
+        measured.append(((method, gamma), runs))
+    return rows_against_target(measured[0][1], measured)
+
+
+def results_table(rows) -> str:
+    head = ("method", "gamma", "speed-up (median [min-max])", "ideal", "efficiency", "ms/token", "accept",
+            "mean γ", "overhead/round µs", "events/round µs")
+    cells = [head] + [(
+        r["method"], str(r["gamma"]),
+        f"{r['speedup']['median']:.2f}x [{r['speedup']['min']:.2f}-{r['speedup']['max']:.2f}]",
+        f"{r['ideal']['median']:.2f}x", f"{r['efficiency']['median']:.3f}", f"{r['ms_per_token']['median']:.3f}",
+        f"{r['acceptance_rate']:.3f}", f"{r['mean_gamma']:.2f}", f"{r['overhead_per_round_us']:.1f}",
+        f"{r['events_per_round_us']:.1f}") for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
+
+
+def plot(report: dict, path: str):
+    """Speed-up vs gamma per method and batch (median, min-max bars), with the ideal curve."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = report["runs"]
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
+    for ax, run in zip(axes[0], runs):
+        for method in sorted({r["method"] for r in run["rows"]} - {"target"}):
+            rows = [r for r in run["rows"] if r["method"] == method and r["gamma"] != "auto"]
+            g = [r["gamma"] for r in rows]
+            med = [r["speedup"]["median"] for r in rows]
+            err = [[m - r["speedup"]["min"] for m, r in zip(med, rows)], [r["speedup"]["max"] - m for m, r in zip(med, rows)]]
+            line = ax.errorbar(g, med, yerr=err, marker="o", capsize=3, label=f"{method} measured")
+            ax.plot(g, [r["ideal"]["median"] for r in rows], ls="--", color=line[0].get_color(), label=f"{method} ideal")
+            auto = [r for r in run["rows"] if r["method"] == method and r["gamma"] == "auto"]
+            if auto:
+                ax.axhline(auto[0]["speedup"]["median"], ls=":", color=line[0].get_color(), label=f"{method} auto γ")
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set(title=f"{report['pair']}, B = {run['batch']}, T = {report['temperature']}", xlabel="γ",
+               ylabel="speed-up vs target-only (wall)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def _gammas(text):
+    return [g if g == "auto" else int(g) for g in text.split(",") if g]
+
+
 @click.command("decode")
+@click.option("--pair", default="embedded", show_default=True,
+              help="embedded, cost-1.5b or cost-7b (models/build_cost_pair.py: the embedded pair with "
+                   "zero-output ballast, built and cached on first use).")
+@click.option("--pairs-dir", type=click.Path(file_okay=False), default=None,
+              help="Where cost-realistic pairs are built and cached (default ~/.cache/specsample/pairs).")
 @click.option("--target", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Target model directory (default: the embedded stdlib-code target).")
+              help="Target model directory (instead of --pair).")
 @click.option("--draft", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Draft model directory (default: the embedded stdlib-code draft).")
+              help="Draft model directory (instead of --pair).")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="Default: cuda when usable, else cpu.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
-@click.option("--gamma", default=5, show_default=True, type=click.IntRange(min=1))
-@click.option("--prompts", "n_prompts", default=4, show_default=True, type=click.IntRange(min=1),
-              help="Batch size: this many prompts, cycled from a built-in list.")
+@click.option("--methods", default="exact,greedy", show_default=True, help="Compared with target-only.")
+@click.option("--gamma", "gammas", default="3,5,auto", show_default=True, help="Comma-separated; 'auto' too.")
+@click.option("--batch", "batches", default="1,4", show_default=True, help="Batch sizes (prompts cycled).")
 @click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1),
-              help="Measured calls per method; the median one is reported.")
-@click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
-              help="On CUDA: fixed bindings and CUDA-graph replay of model runs where the models allow it.")
-@click.option("--device-rounds/--host-rounds", default=True, show_default=True,
-              help="With CUDA graphs: speculative rounds' bookkeeping on the GPU, or every feed built on the host.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Also write the results to this JSON file.")
-def bench_decode(target, draft, device, max_new_tokens, gamma, n_prompts, temperature, seed, repeats, cuda_graphs,
-                 device_rounds, json_path):
-    """Tokens/s, acceptance, verify time and host overhead: target-only vs each verification method."""
+@click.option("--seeds", default=5, show_default=True, type=click.IntRange(min=1), help="Seeds 0..N-1.")
+@click.option("--ignore-eos/--stop-at-eos", default=True, show_default=True,
+              help="Equal work: every request generates exactly --max-new-tokens.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="PNG: speed-up vs gamma per method with the ideal curve.")
+def bench_decode(pair, pairs_dir, target, draft, device, max_new_tokens, methods, gammas, batches, temperature,
+                 seeds, ignore_eos, json_path, plot_path):
+    """Speed-up over target-only at equal work: median and range over seeds, ideal and efficiency."""
+    from tqdm import tqdm
+    if not ignore_eos:
+        raise click.UsageError("bench decode compares equal work only: every request must generate "
+                               "--max-new-tokens tokens (--ignore-eos)")
     device = resolve_device(device)
-    decoder = load_decoder(target, draft, device, cuda_graphs, device_rounds)
-    prompts = list(itertools.islice(itertools.cycle(DEFAULT_PROMPTS), n_prompts))
-    rows = run_bench(decoder, prompts, max_new_tokens=max_new_tokens, gamma=gamma, temperature=temperature,
-                     seed=seed, repeats=repeats)
-    click.echo(f"device={device} batch={n_prompts} max_new_tokens={max_new_tokens} gamma={gamma} "
-               f"temperature={temperature} (greedy at 0) cuda_graphs={decoder.cuda_graphs} "
-               f"device_rounds={rows[1]['device_rounds']}")
-    click.echo(results_table(rows))
+    if target is None and draft is None and pair != "embedded":
+        from pathlib import Path
+
+        from models.build_cost_pair import build_pair, default_root
+        target, draft = build_pair(pair, Path(pairs_dir) if pairs_dir else default_root(),
+                                   check="cuda" if device == "cuda" else "cpu")
+    decoder = load_decoder(target, draft, device)
+    methods = [m for m in methods.split(",") if m]
+    report = {"pair": pair if target is None or pair != "embedded" else "custom",
+              "target": str(decoder.target_spec.model_dir), "draft": str(decoder.draft_spec.model_dir),
+              "device": device, "max_new_tokens": max_new_tokens, "temperature": temperature,
+              "seeds": seeds, "cuda_graphs": decoder.cuda_graphs, "runs": []}
+    for batch in [int(b) for b in batches.split(",") if b]:
+        prompts = list(itertools.islice(itertools.cycle(DEFAULT_PROMPTS), batch))
+        rows = run_bench(decoder, prompts, methods=methods, gammas=_gammas(gammas), temperature=temperature,
+                         seeds=list(range(seeds)), max_new_tokens=max_new_tokens,
+                         progress=lambda c: tqdm(c, desc=f"B={batch}", leave=False))
+        click.echo(f"pair={report['pair']} device={device} batch={batch} max_new_tokens={max_new_tokens} "
+                   f"temperature={temperature} (greedy at 0) seeds={seeds} loop={rows[0]['loop']}")
+        click.echo(results_table(rows))
+        report["runs"].append({"batch": batch, "rows": rows})
     if json_path:
-        report = {"device": device, "target": str(decoder.target_spec.model_dir),
-                  "draft": str(decoder.draft_spec.model_dir), "batch": n_prompts, "max_new_tokens": max_new_tokens,
-                  "gamma": gamma, "temperature": temperature, "seed": seed, "repeats": repeats,
-                  "cuda_graphs": decoder.cuda_graphs, "device_rounds": device_rounds,
-                  "results": rows}
         with open(json_path, "w") as f:
-            json.dump(report, f, indent=2)
+            json.dump(report, f, separators=(",", ":"))
         click.echo(f"wrote {json_path}")
+    if plot_path:
+        plot(report, plot_path)
+        click.echo(f"wrote {plot_path}")

@@ -5,7 +5,6 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from specsample_cupy import decoder as decoder_module  # noqa: E402
 from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
 
 from helpers_decode_gpu import GPU_DECODE, PROMPTS  # noqa: E402
@@ -79,12 +78,10 @@ def test_device_rounds_stop_each_request_at_its_eos(pair):
     assert dev.stats["discarded_rounds"] in (0, 1)
 
 
-def test_device_rounds_read_one_report_per_round(on_device, monkeypatch):
-    """No logits cross to the host: the host reads one report per round (verify()'s packed result and
-    two more ints per request, which round_done writes into page-locked host memory), makes no
-    device-to-host copy, and never uses the host-driven read."""
+def _count_reads(on_device, monkeypatch, **kwargs):
+    """Run generate() recording every host<->device copy and every report read of the device loop."""
     import cupy
-    from specsample_cupy import decode_device
+    from specsample_cupy import decode_device, decode_host
 
     copies, reads = [], []
     real_copy, real_read = cupy.cuda.runtime.memcpyAsync, decode_device.DeviceRounds._read
@@ -94,28 +91,73 @@ def test_device_rounds_read_one_report_per_round(on_device, monkeypatch):
         return real_copy(dst, src, size, kind, stream)
 
     def counting_read(self, r):
-        reads.append(self.host_reports[r % 2].nbytes)
+        reads.append(self.buf.report_size - (self.cap - self.gammas[r]) * self.B)
         return real_read(self, r)
 
     def forbidden(*args, **kwargs):
         raise AssertionError("a host-driven read during device rounds")
 
-    on_device.generate(PROMPTS, max_new_tokens=8, gamma=5, seed=1)   # warm-up: plans and graphs
+    on_device.generate(PROMPTS, **{**kwargs, "max_new_tokens": 8})   # warm-up: plans and graphs
     monkeypatch.setattr(cupy.cuda.runtime, "memcpyAsync", recording_copy)
     monkeypatch.setattr(decode_device.DeviceRounds, "_read", counting_read)
-    monkeypatch.setattr(decoder_module, "_to_host", forbidden)
+    monkeypatch.setattr(decode_host, "to_host", forbidden)
     monkeypatch.setattr(cupy, "asnumpy", forbidden)
-    out = on_device.generate(PROMPTS, max_new_tokens=70, gamma=5, temperature=1.0, seed=1)
-    B, G = len(PROMPTS), 5
+    out = on_device.generate(PROMPTS, **kwargs)
+    return out, copies, reads
+
+
+@pytest.mark.parametrize("gamma", [5, 0])
+def test_device_loop_reads_one_report_per_round(on_device, monkeypatch, gamma):
+    """No logits cross to the host: the host reads one report per round (verify()'s packed result, or
+    the target step's, and two more ints per request, written into page-locked host memory), makes
+    no device-to-host copy, and never uses the host loop's read. gamma = 0 is target-only decoding:
+    one report per token step."""
+    method = "exact" if gamma else "target"
+    out, copies, reads = _count_reads(on_device, monkeypatch, max_new_tokens=70, gamma=gamma, method=method,
+                                      temperature=1.0, seed=1)
+    B = len(PROMPTS)
     assert out.stats["kv_compactions"] > 0 and out.stats["device_rounds"] is True
     assert 2 not in copies, "a device-to-host copy during device rounds"
     assert len(reads) == out.stats["rounds"]
-    assert set(reads) == {4 * (3 * B + B * (G + 1) + 2 * B)}
+    assert set(reads) == {3 * B + B * (gamma + 1) + 2 * B}
+    if gamma == 0:
+        assert out.stats["rounds"] >= 70 and out.stats["method"] == "target"
 
 
-def test_device_rounds_refuse_what_they_cannot_do(on_device):
-    """Adaptive gamma changes gamma from one round's result, which device rounds enqueue before
-    reading: that case, and target-only decoding, take the host-driven loop and say so."""
-    out = on_device.generate(PROMPTS, max_new_tokens=12, gamma=2, adaptive_gamma=True, seed=2)
-    assert out.stats["device_rounds"] == "adaptive gamma"
-    assert on_device.generate(PROMPTS, max_new_tokens=4, method="target").stats["device_rounds"] == "target only"
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_target_only_device_loop_gives_the_host_loops_tokens(on_device, on_host, temperature):
+    """target_step_done samples with sample_tokens' Philox stream at offset = step: the host loop's tokens."""
+    kwargs = dict(max_new_tokens=50, gamma=0, method="target", temperature=temperature, seed=11)
+    dev, host = on_device.generate(PROMPTS * 2, **kwargs), on_host.generate(PROMPTS * 2, **kwargs)
+    assert dev.stats["loop"] == "device" and host.stats["loop"] == "host"
+    assert _same(dev.token_ids, host.token_ids) >= 0.9
+
+
+@pytest.mark.parametrize("gamma,extra", [(1, {}), (4, {}), (3, {"adaptive_gamma": True}), ("auto", {})])
+def test_greedy_device_loop_equals_target_only_greedy(on_device, gamma, extra):
+    """Greedy speculative decoding on the device loop, at fixed, adaptive and automatic gamma, gives
+    target-only greedy decoding's tokens (also on the device loop)."""
+    expected = on_device.generate(PROMPTS, max_new_tokens=60, method="target", temperature=0).token_ids
+    out = on_device.generate(PROMPTS, max_new_tokens=60, gamma=gamma, method="greedy", **extra)
+    assert out.stats["loop"] == "device"
+    assert _same(out.token_ids, expected) >= 0.75 and sum(a == b for a, b in zip(out.token_ids, expected)) >= 3
+    if gamma == "auto":
+        assert out.stats["gamma_mode"] == "auto" and 1 <= out.stats["mean_gamma"] <= 12
+
+
+def test_ignore_eos_generates_the_budget_on_the_device(on_device):
+    for method, gamma in (("target", 0), ("exact", 3), ("greedy", "auto")):
+        out = on_device.generate(PROMPTS, max_new_tokens=40, gamma=gamma, method=method, seed=5, ignore_eos=True)
+        assert [len(t) for t in out.token_ids] == [40] * len(PROMPTS), method
+        assert out.finish_reasons == ["length"] * len(PROMPTS)
+
+
+def test_device_loop_stops_a_request_from_the_round_hook(on_device):
+    """on_round may finish requests (stop strings): the host stops taking their tokens at once."""
+    def stop_first(rnd, req):
+        return [0] if req.seq_len[0] - req.prompt_len[0] >= 5 else None
+
+    out = on_device.generate(PROMPTS, max_new_tokens=40, gamma=3, method="greedy", on_round=stop_first,
+                             ignore_eos=True)
+    assert out.finish_reasons[0] == "stop" and 5 <= len(out.token_ids[0]) <= 9
+    assert [len(t) for t in out.token_ids[1:]] == [40] * (len(PROMPTS) - 1)

@@ -1,0 +1,148 @@
+"""The decode loop's contract on the CPU: equal work (ignore_eos), finish reasons, gamma policies
+(greedy output is the same at every gamma, automatic included), the round hook, one call at a time."""
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from specsample_cupy.decode_stats import Round  # noqa: E402
+from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
+from specsample_cupy.gamma_policy import AutoGamma, LineCost, expected_tokens, make_policy  # noqa: E402
+
+PROMPTS = ["the rain in spain", "a", "hello there, a test of holes", "dense"]
+
+
+@pytest.fixture(scope="module")
+def decoder(pair):
+    return SpeculativeDecoder(*pair, device="cpu")
+
+
+@pytest.mark.parametrize("method,gamma", [("target", 0), ("exact", 3), ("greedy", 5), ("greedy", "auto"),
+                                          ("sigmoid", 2)])
+def test_ignore_eos_generates_exactly_the_budget(decoder, method, gamma):
+    decoder.target_spec.eos_token_ids = (0, 1, 2, 3, 4, 5)   # frequent ids: most requests would stop early
+    try:
+        stopped = decoder.generate(PROMPTS, max_new_tokens=30, gamma=gamma, method=method, seed=2)
+        out = decoder.generate(PROMPTS, max_new_tokens=30, gamma=gamma, method=method, seed=2, ignore_eos=True)
+    finally:
+        decoder.target_spec.eos_token_ids = (0,)
+    assert any(len(t) < 30 for t in stopped.token_ids), "the EOS ids should end some request early"
+    assert "eos" in stopped.finish_reasons
+    assert [len(t) for t in out.token_ids] == [30] * len(PROMPTS)
+    assert out.finish_reasons == ["length"] * len(PROMPTS)
+    assert out.stats["generated_tokens"] == 30 * len(PROMPTS)
+
+
+def test_context_end_is_a_finish_reason(decoder):
+    long_prompt = "x " * 4
+    while len(decoder.encode_prompts([long_prompt])[0]) < decoder.context_length - 10:
+        long_prompt += "x "
+    n_prompt = len(decoder.encode_prompts([long_prompt])[0])
+    out = decoder.generate([long_prompt, "a"], max_new_tokens=40, gamma=2, method="greedy", ignore_eos=True)
+    assert len(out.token_ids[0]) == decoder.context_length - n_prompt < 40
+    assert out.finish_reasons == ["context", "length"]
+
+
+def test_empty_prompt_starts_from_bos(decoder):
+    assert decoder.target_spec.bos_token_id is not None
+    out = decoder.generate([""], max_new_tokens=5, method="greedy", ignore_eos=True)
+    assert len(out.token_ids[0]) == 5
+
+
+@pytest.mark.parametrize("gamma,extra", [(1, {}), (4, {}), (7, {}), (2, {"adaptive_gamma": True}),
+                                         ("auto", {}), ("auto", {"gamma_min": 2, "gamma_max": 3})])
+def test_greedy_output_is_the_same_at_every_gamma(decoder, gamma, extra):
+    expected = decoder.generate(PROMPTS, max_new_tokens=40, method="target", temperature=0).token_ids
+    out = decoder.generate(PROMPTS, max_new_tokens=40, gamma=gamma, method="greedy", **extra)
+    assert out.token_ids == expected
+    if gamma == "auto":
+        lo, hi = extra.get("gamma_min", 1), extra.get("gamma_max", 12)
+        assert out.stats["gamma_mode"] == "auto" and lo <= out.stats["mean_gamma"] <= hi
+
+
+def test_round_hook_sees_every_round_and_can_stop_requests(decoder):
+    seen = []
+
+    def hook(rnd, req):
+        seen.append(rnd)
+        return [1] if req.seq_len[1] - req.prompt_len[1] >= 4 else None
+
+    out = decoder.generate(PROMPTS, max_new_tokens=30, gamma=3, method="greedy", on_round=hook, ignore_eos=True)
+    assert len(seen) == out.stats["rounds"]
+    assert sum(int(r.taken.sum()) for r in seen) == sum(map(len, out.token_ids))
+    assert out.finish_reasons[1] == "stop" and 4 <= len(out.token_ids[1]) <= 7
+    assert [len(out.token_ids[b]) for b in (0, 2, 3)] == [30, 30, 30]
+
+
+def test_one_generate_at_a_time(decoder):
+    """A second call while one runs (another thread) is refused, not interleaved."""
+    started, release = threading.Event(), threading.Event()
+
+    def slow_hook(rnd, req):
+        started.set()
+        release.wait(5)
+
+    errors = []
+    worker = threading.Thread(target=lambda: decoder.generate(PROMPTS[:1], max_new_tokens=3, gamma=1,
+                                                              method="greedy", on_round=slow_hook))
+    worker.start()
+    assert started.wait(5)
+    try:
+        decoder.generate(PROMPTS[:1], max_new_tokens=2)
+    except RuntimeError as e:
+        errors.append(str(e))
+    release.set()
+    worker.join()
+    assert errors and "one generate() at a time" in errors[0]
+    decoder.generate(PROMPTS[:1], max_new_tokens=2)   # free again
+
+
+def test_expected_tokens_is_the_truncated_geometric_mean():
+    rng = np.random.default_rng(0)
+    for alpha in (0.3, 0.8):
+        for gamma in (1, 4):
+            accepted = np.minimum(rng.geometric(1 - alpha, 200_000) - 1, gamma)
+            assert abs(expected_tokens(alpha, gamma) - (accepted + 1).mean()) < 0.02
+
+
+def _round(gamma, accepted, draft_len=None):
+    accepted = np.asarray(accepted)
+    draft_len = np.full(accepted.shape, gamma) if draft_len is None else np.asarray(draft_len)
+    return Round(np.ones(accepted.shape, bool), draft_len, accepted, accepted + 1, gamma)
+
+
+def test_auto_gamma_follows_acceptance_and_cost():
+    """High acceptance and cheap drafts: long rounds; low acceptance or dear drafts: short ones."""
+    rng = np.random.default_rng(1)
+    everything = AutoGamma(4, 1, 12, cost=lambda g: 1.0 + 0.8 * np.asarray(g, float))
+    for _ in range(40):
+        everything.observe(_round(everything.gamma, [everything.gamma] * 2))   # every draft accepted
+    assert everything.next_gamma() == 12 and everything.alpha > 0.95
+    cheap = AutoGamma(4, 1, 12, cost=lambda g: 1.0 + 0.05 * np.asarray(g, float))
+    dear = AutoGamma(4, 1, 12, cost=lambda g: 1.0 + 0.8 * np.asarray(g, float))
+    for _ in range(200):
+        for policy in (cheap, dear):   # acceptance 0.8 per draft
+            policy.observe(_round(policy.gamma, np.minimum(rng.geometric(0.2, 4) - 1, policy.gamma)))
+    assert abs(cheap.alpha - 0.8) < 0.1 and abs(dear.alpha - 0.8) < 0.1
+    # argmax of (1 - 0.8^(g+1)) / 0.2 / cost(g): 8 for the cheap drafts, 1 for the dear ones
+    assert 7 <= cheap.next_gamma() <= 12 and 1 <= dear.next_gamma() <= 3
+    low = AutoGamma(4, 1, 12, cost=lambda g: 1.0 + 0.05 * np.asarray(g, float))
+    for _ in range(40):
+        low.observe(_round(low.gamma, [0, 0]))   # nothing accepted
+    assert low.next_gamma() == 1 and low.alpha < 0.1
+
+
+def test_line_cost_fits_round_times():
+    cost = LineCost()
+    for g in (2, 5, 2, 5, 3):
+        cost.observe(g, 0.004 + 0.001 * g)
+    np.testing.assert_allclose(cost(np.array([1, 10])), [0.005, 0.014], rtol=1e-6)
+
+
+def test_policy_arguments_are_checked():
+    with pytest.raises(ValueError, match="gamma_min"):
+        make_policy(3, "auto", 4, 2)
+    with pytest.raises(ValueError, match="gamma mode"):
+        make_policy(3, "sometimes", 1, 4)
