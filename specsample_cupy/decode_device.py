@@ -244,6 +244,8 @@ class _RoundBuffers:
         host["finished"][:] = req.finished
         host["eos"][:] = req.eos_ids
         for name, cache in zip(("mask_t", "mask_d"), caches):
+            if cache is None:
+                continue
             mask = host[name].reshape(B, self.C)
             mask[:, :cache.length] = cache.mask
             mask[:, cache.length:] = 0

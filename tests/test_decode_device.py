@@ -116,7 +116,7 @@ def test_device_loop_reads_one_report_per_round(on_device, monkeypatch, gamma):
     out, copies, reads = _count_reads(on_device, monkeypatch, max_new_tokens=70, gamma=gamma, method=method,
                                       temperature=1.0, seed=1)
     B = len(PROMPTS)
-    assert out.stats["kv_compactions"] > 0 and out.stats["device_rounds"] is True
+    assert out.stats["device_rounds"] is True and (gamma == 0 or out.stats["kv_compactions"] > 0)
     assert 2 not in copies, "a device-to-host copy during device rounds"
     assert len(reads) == out.stats["rounds"]
     assert set(reads) == {3 * B + B * (gamma + 1) + 2 * B}

@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from specsample_cupy import decoder as decoder_module  # noqa: E402
+from specsample_cupy import decode_host  # noqa: E402
 from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
 from specsample_cupy.sessions_cache import buffer_ptr  # noqa: E402
 
@@ -44,13 +44,13 @@ def test_sampling_on_gpu_matches_cpu_for_the_same_seed(gpu, cpu, method):
 
 
 def test_no_logits_cross_to_the_host(pair, monkeypatch):
-    """The host-driven rounds (test_decode_device.py checks the device rounds' one report per round)."""
+    """The host loop on CUDA (test_decode_device.py checks the device loop's one report per round)."""
     import cupy
 
     gpu = SpeculativeDecoder(*pair, device="cuda", device_rounds=False)
 
     reads = []
-    real_to_host = decoder_module._to_host
+    real_to_host = decode_host.to_host
 
     def counting_to_host(array):
         # Only verify()'s outcome: accepted and emitted counts, error code and gamma+1 token ids per request.
@@ -61,7 +61,7 @@ def test_no_logits_cross_to_the_host(pair, monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("cupy.asnumpy called during decoding")
 
-    monkeypatch.setattr(decoder_module, "_to_host", counting_to_host)
+    monkeypatch.setattr(decode_host, "to_host", counting_to_host)
     monkeypatch.setattr(cupy, "asnumpy", forbidden)
     out = gpu.generate(PROMPTS, max_new_tokens=24, gamma=5, temperature=1.0, seed=1)
     assert len(reads) == out.stats["rounds"], "more than one device-to-host read per round"
