@@ -5,8 +5,12 @@ from specsample_cupy.cli_bench import bench
 from specsample_cupy.cli_decode import decode
 from specsample_cupy.cli_eval import eval_group
 
+# -h as well as --help, for the group and (inherited through click's context) every command under it.
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
-@click.group()
+
+@click.group(context_settings=CONTEXT_SETTINGS)
+@click.version_option(package_name="specsample-cupy", prog_name="specsample")
 def main():
     """Speculative sampling on NVIDIA GPUs (CuPy + ONNX Runtime)."""
 

@@ -1,13 +1,23 @@
-"""`specsample decode`: generate text with speculative decoding and print its statistics."""
+"""`specsample decode`: generate text with speculative decoding.
+
+Everything that can be checked is checked before the first byte reaches stdout (options, prompts, the
+models, each prompt against the context), so a failed run prints only `Error: ...` on stderr. stdout
+then holds the generated text alone (text mode), one JSON object (--json) or one JSON line per request
+(--jsonl); the statistics table and warnings go to stderr.
+"""
 from __future__ import annotations
 
 import json
+import sys
 import warnings
+from dataclasses import dataclass
 
 import click
 
 from specsample_cupy.decoder import METHODS
 
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+MAX_LISTED_ERRORS = 10
 STATS_SHOWN = (
     ("method", "{}"), ("device", "{}"), ("gamma", "{}"), ("rounds", "{}"), ("generated_tokens", "{}"),
     ("acceptance_rate", "{:.3f}"), ("mean_accepted_per_round", "{:.2f}"), ("tokens_per_s", "{:.1f}"),
@@ -17,40 +27,28 @@ STATS_SHOWN = (
 
 
 def stats_table(stats: dict) -> str:
-    """The decode statistics as a two-column text table."""
-    rows = [(key, fmt.format(stats[key])) for key, fmt in STATS_SHOWN if key in stats]
+    """The decode statistics as a two-column text table (None, e.g. an untimed figure, shows as -)."""
+    rows = [(key, "-" if stats[key] is None else fmt.format(stats[key]))
+            for key, fmt in STATS_SHOWN if key in stats]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v:>12}" for k, v in rows)
 
 
 def resolve_device(device: str | None) -> str:
-    """The requested device, or "cuda" when usable and otherwise "cpu" (said on stderr)."""
-    from specsample_cupy.sessions import cuda_available
+    """The requested device, or "cuda" when usable and otherwise "cpu" (said on stderr, with the reason)."""
+    from specsample_cupy.sessions import cuda_status
 
     if device is None:
-        if cuda_available():
+        usable, why_not = cuda_status()
+        if usable:
             return "cuda"
-        click.echo("No usable CUDA device (CuPy + onnxruntime-gpu); running on the CPU.", err=True)
+        click.echo(f"No usable CUDA device ({why_not}); running on the CPU.", err=True)
         return "cpu"
     return device
 
 
-class TextStream:
-    """Prints each request's text as its tokens arrive; holds back an incomplete UTF-8 character."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.ids, self.printed = tokenizer, [], 0
-
-    def __call__(self, request_index: int, new_ids: list[int]):
-        self.ids.extend(new_ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return
-        click.echo(text[self.printed:], nl=False)
-        self.printed = len(text)
-
-
 def load_decoder(target, draft, device, cuda_graphs=True, device_rounds=True):
+    """SpeculativeDecoder, with a model problem (unusable file, mismatched pair) as a click error."""
     from specsample_cupy.decoder import SpeculativeDecoder
 
     try:
@@ -62,13 +60,213 @@ def load_decoder(target, draft, device, cuda_graphs=True, device_rounds=True):
         raise click.ClickException(str(e)) from e
 
 
-@click.command()
+# --------------------------------------------------------------------------- prompts
+
+@dataclass
+class Prompt:
+    text: str
+    source: str   # where it came from, for messages and --jsonl: "--prompt 2", "stdin", "FILE:LINE"
+
+
+def _error_list(title: str, errors: list[str]) -> str:
+    shown = errors[:MAX_LISTED_ERRORS]
+    more = len(errors) - len(shown)
+    return "\n".join([title] + [f"  {e}" for e in shown] + ([f"  ... and {more} more"] if more else []))
+
+
+def _json_object(line: str):
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def parse_prompt_file(text: str, name: str, *, jsonl: bool | None = None) -> list[Prompt]:
+    """Prompts from a file's text: one per non-blank line, or JSONL ({"prompt": ...} per line) when
+    `jsonl` is True or, with jsonl=None, when every non-blank line parses as a JSON object. Problems are
+    reported all at once, one line per bad line of the file."""
+    # Lines end at \n (or \r\n) only: str.splitlines() would also split a prompt at \f, \x1c or \u2028.
+    lines = [(n, line.removesuffix("\r")) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
+    if not lines:
+        raise click.ClickException(f"{name} holds no prompts")
+    objects = [_json_object(line) for _, line in lines]
+    if jsonl is None:
+        jsonl = all(o is not None for o in objects)
+        looks_json = [n for (n, _), o in zip(lines, objects) if o is not None]
+        if not jsonl and looks_json:
+            click.echo(f"warning: {name}: read as one prompt per line, though line(s) "
+                       f"{', '.join(map(str, looks_json[:5]))} are JSON objects (name it *.jsonl to read JSONL)",
+                       err=True)
+    if not jsonl:
+        return [Prompt(line, f"{name}:{n}") for n, line in lines]
+    prompts, errors = [], []
+    for (n, line), obj in zip(lines, objects):
+        if obj is None:
+            errors.append(f"{name}:{n}: not a JSON object")
+        elif not isinstance(obj.get("prompt"), str):
+            errors.append(f"{name}:{n}: no string \"prompt\" field")
+        else:
+            prompts.append(Prompt(obj["prompt"], f"{name}:{n}"))
+    if errors:
+        raise click.ClickException(_error_list(f"{name}: {len(errors)} bad line(s):", errors))
+    return prompts
+
+
+def _read_text(path: str) -> str:
+    """All of a file ('-': stdin) as UTF-8 text; a click error naming it when it cannot be read."""
+    name = "stdin" if path == "-" else path
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError as exc:
+        raise click.ClickException(f"{name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except OSError as exc:
+        raise click.ClickException(f"{name}: cannot read it ({exc.strerror or exc})") from exc
+
+
+def read_prompts(texts: tuple[str, ...], prompt_file: str | None) -> list[Prompt]:
+    """--prompt values ('-' reads all of stdin as one prompt, verbatim), then --prompt-file's prompts
+    ('-' reads them from stdin; a *.jsonl name is read as JSONL, other names by detection)."""
+    if texts.count("-") + (prompt_file == "-") > 1:
+        raise click.UsageError("stdin can be read once: use '-' for one --prompt or for --prompt-file")
+    prompts = [Prompt(_read_text("-"), "stdin") if t == "-" else Prompt(t, f"--prompt {i}")
+               for i, t in enumerate(texts)]
+    if prompt_file is not None:
+        name = "stdin" if prompt_file == "-" else prompt_file
+        prompts += parse_prompt_file(_read_text(prompt_file), name, jsonl=True if name.endswith(".jsonl") else None)
+    if not prompts:
+        raise click.UsageError("no prompt given: use --prompt TEXT, --prompt - (stdin) or --prompt-file FILE")
+    return prompts
+
+
+def encode_all(decoder, prompts: list[Prompt]) -> list[list[int]]:
+    """Each prompt's token ids; every prompt the models cannot take (too long for the context, empty
+    without a start token, ...) is reported by its source before anything is generated."""
+    ids, errors = [], []
+    for p in prompts:
+        try:
+            ids.append(decoder.encode_prompts([p.text])[0])
+        except ValueError as exc:
+            message = str(exc)   # the decoder numbers prompts within the call: "prompt 0 has ..."
+            if message.startswith("prompt 0 "):
+                message = "the prompt " + message.removeprefix("prompt 0 ")
+            errors.append(f"{p.source}: {message}")
+    if errors:
+        raise click.ClickException(_error_list(f"{len(errors)} prompt(s) cannot be decoded:", errors)
+                                   if len(errors) > 1 else errors[0])
+    return ids
+
+
+# --------------------------------------------------------------------------- finishing requests
+
+class Budgets:
+    """Why each request finished, by the decoder's rules: it stops at an EOS, at --max-new-tokens, or
+    where the models' context ends first. Used to stream --jsonl lines as requests finish and as the
+    finish reasons of a decoder whose output does not carry them (GenerationOutput.finish_reasons)."""
+
+    def __init__(self, decoder, prompt_ids: list[list[int]], max_new_tokens: int):
+        context = decoder.context_length
+        self.max_new_tokens = max_new_tokens
+        self.budgets = [max_new_tokens if context is None else min(max_new_tokens, context - len(ids))
+                        for ids in prompt_ids]
+        self.eos = set(decoder.target_spec.eos_token_ids)
+        self.context = context
+
+    def reason(self, b: int, ids: list[int]) -> str | None:
+        """"eos", "length" or "context" once request b's generated ids end it, else None."""
+        if ids and ids[-1] in self.eos:
+            return "eos"
+        if len(ids) >= self.budgets[b]:
+            return "context" if self.budgets[b] < self.max_new_tokens else "length"
+        return None
+
+
+def finish_reasons(out, budgets: Budgets) -> list[str]:
+    """The decoder's finish reason per request ("length", "eos", "context" or "stop"), or, from an output
+    that does not carry one per request, the reasons by the decoder's rules (Budgets)."""
+    reasons = getattr(out, "finish_reasons", None)
+    if reasons is not None and len(reasons) == len(out.token_ids):
+        return list(reasons)
+    return [budgets.reason(b, ids) or "length" for b, ids in enumerate(out.token_ids)]
+
+
+class TextStream:
+    """Prints one request's text as its tokens arrive (after `prefix`, the prompt with --echo); holds
+    back an incomplete UTF-8 character. finish() prints whatever the stream has not."""
+
+    def __init__(self, tokenizer, prefix: str = ""):
+        self.tokenizer, self.ids, self.printed, self.prefix = tokenizer, [], 0, prefix
+
+    def _write(self, text: str):
+        if self.prefix:
+            click.echo(self.prefix, nl=False)
+            self.prefix = ""
+        click.echo(text, nl=False)
+
+    def __call__(self, request_index: int, new_ids: list[int]):
+        self.ids.extend(new_ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        self._write(text[self.printed:])
+        self.printed = len(text)
+
+    def finish(self, final_text: str):
+        self._write(final_text[self.printed:] + "\n")
+
+
+class JsonlStream:
+    """Writes one JSON line per request as soon as it finishes ({"index", "source", "text", "token_ids",
+    "finish_reason"}, flushed), so a consumer can act on early finishers of a long batch; lines come in
+    finish order and `index` says which prompt. finish() writes the requests not yet written."""
+
+    def __init__(self, tokenizer, prompts: list[Prompt], budgets: Budgets):
+        self.tokenizer, self.prompts, self.budgets = tokenizer, prompts, budgets
+        self.ids = [[] for _ in prompts]
+        self.written = [False] * len(prompts)
+
+    def _write(self, b: int, text: str, ids: list[int], reason: str):
+        line = {"index": b, "source": self.prompts[b].source, "text": text, "token_ids": ids,
+                "finish_reason": reason}
+        click.echo(json.dumps(line, ensure_ascii=False))
+        self.written[b] = True
+
+    def __call__(self, b: int, new_ids: list[int]):
+        self.ids[b].extend(new_ids)
+        reason = self.budgets.reason(b, self.ids[b])
+        if reason is not None and not self.written[b]:
+            self._write(b, self.tokenizer.decode(self.ids[b], skip_special_tokens=True), self.ids[b], reason)
+
+    def finish(self, out, reasons: list[str]):
+        for b, written in enumerate(self.written):
+            if not written:
+                self._write(b, out.texts[b], out.token_ids[b], reasons[b])
+
+
+def warn_context_stops(prompts: list[Prompt], out, reasons: list[str], budgets: Budgets):
+    for p, ids, reason in zip(prompts, out.token_ids, reasons):
+        if reason == "context":
+            click.echo(f"warning: {p.source}: stopped at the end of the models' context ({budgets.context} "
+                       f"tokens) after {len(ids)} of --max-new-tokens {budgets.max_new_tokens}", err=True)
+
+
+# --------------------------------------------------------------------------- the command
+
+@click.command(context_settings=CONTEXT_SETTINGS)
 @click.option("--target", type=click.Path(exists=True, file_okay=False), default=None,
               help="Target model directory (default: the embedded stdlib-code target).")
 @click.option("--draft", type=click.Path(exists=True, file_okay=False), default=None,
               help="Draft model directory (default: the embedded stdlib-code draft).")
-@click.option("--prompt", "prompts", multiple=True, required=True, help="Prompt text; repeat for a batch.")
-@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=0))
+@click.option("--prompt", "prompt_texts", multiple=True,
+              help="Prompt text; repeat for a batch. '-' reads all of stdin as one prompt, verbatim.")
+@click.option("--prompt-file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="More prompts: one per non-blank line, or JSONL ({\"prompt\": ...} per line; *.jsonl, or "
+                   "every line a JSON object). '-' reads stdin.")
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=0),
+              help="Tokens to generate per prompt at most (fewer after an EOS or at the end of the context).")
 @click.option("--gamma", default=5, show_default=True, type=click.IntRange(min=0),
               help="Draft tokens per round; 0 decodes with the target alone.")
 @click.option("--method", type=click.Choice(METHODS), default="exact", show_default=True)
@@ -76,29 +274,55 @@ def load_decoder(target, draft, device, cuda_graphs=True, device_rounds=True):
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="Default: cuda when usable, else cpu.")
-@click.option("--adaptive-gamma", is_flag=True, help="Adapt gamma per round (+2 after a fully accepted round, -1 otherwise).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with texts, token_ids and stats.")
-def decode(target, draft, prompts, max_new_tokens, gamma, method, temperature, seed, device, adaptive_gamma,
-           as_json):
-    """Generate text by speculative decoding (the draft proposes, the target verifies)."""
+@click.option("--adaptive-gamma", is_flag=True,
+              help="Adapt gamma per round (+2 after a fully accepted round, -1 otherwise).")
+@click.option("--echo", is_flag=True, help="Text mode: print each prompt before its generated text.")
+@click.option("--stats/--no-stats", default=True, show_default=True,
+              help="Text and --jsonl modes: print the statistics table on stderr (--json includes them).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: texts, token_ids, finish_reasons and stats.")
+@click.option("--jsonl", "as_jsonl", is_flag=True,
+              help="Print one JSON line per request as it finishes: index, source, text, token_ids, finish_reason.")
+def decode(target, draft, prompt_texts, prompt_file, max_new_tokens, gamma, method, temperature, seed, device,
+           adaptive_gamma, echo, stats, as_json, as_jsonl):
+    """Generate text by speculative decoding (the draft proposes, the target verifies).
+
+    stdout holds the generated text (a batch: each text under a `--- [i] ---` line, with
+    FILE:LINE for prompts from --prompt-file), or the JSON;
+    statistics and warnings go to stderr. A finish reason is "eos", "length" (--max-new-tokens) or
+    "context" (the models' context ended first, also warned about on stderr).
+    """
+    if as_json and as_jsonl:
+        raise click.UsageError("--json and --jsonl are exclusive")
+    if method in ("sigmoid", "baseline") and temperature == 0:
+        raise click.BadParameter(f"method {method!r} samples: use --temperature > 0, or --method greedy",
+                                 param_hint="--temperature")
+    prompts = read_prompts(prompt_texts, prompt_file)
     decoder = load_decoder(target, draft, resolve_device(device))
+    budgets = Budgets(decoder, encode_all(decoder, prompts), max_new_tokens)
     stream = None
-    if len(prompts) == 1 and not as_json:
-        click.echo(prompts[0], nl=False)
-        stream = TextStream(decoder.tokenizer)
+    if as_jsonl:
+        stream = JsonlStream(decoder.tokenizer, prompts, budgets)
+    elif len(prompts) == 1 and not as_json:
+        stream = TextStream(decoder.tokenizer, prompts[0].text if echo else "")
     try:
-        out = decoder.generate(list(prompts), max_new_tokens=max_new_tokens, gamma=gamma, method=method,
-                               temperature=temperature, seed=seed, adaptive_gamma=adaptive_gamma,
+        out = decoder.generate([p.text for p in prompts], max_new_tokens=max_new_tokens, gamma=gamma,
+                               method=method, temperature=temperature, seed=seed, adaptive_gamma=adaptive_gamma,
                                on_tokens=stream)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
+    reasons = finish_reasons(out, budgets)
     if as_json:
-        click.echo(json.dumps({"texts": out.texts, "token_ids": out.token_ids, "stats": out.stats}))
-        return
-    if stream is not None:
-        click.echo()
+        click.echo(json.dumps({"texts": out.texts, "token_ids": out.token_ids, "finish_reasons": reasons,
+                               "stats": out.stats}, ensure_ascii=False))
+    elif as_jsonl:
+        stream.finish(out, reasons)
+    elif stream is not None:
+        stream.finish(out.texts[0])
     else:
-        for i, (prompt, text) in enumerate(zip(prompts, out.texts)):
-            click.echo(f"--- [{i}] ---\n{prompt}{text}")
-    click.echo()
-    click.echo(stats_table(out.stats))
+        for i, (p, text) in enumerate(zip(prompts, out.texts)):
+            where = "" if p.source.startswith("--prompt") else f" {p.source}"
+            click.echo(f"--- [{i}]{where} ---\n{p.text if echo else ''}{text}")
+    warn_context_stops(prompts, out, reasons, budgets)
+    if stats and not as_json:
+        click.echo(stats_table(out.stats), err=True)

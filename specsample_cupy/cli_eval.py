@@ -55,16 +55,21 @@ def _settings(methods, gamma, temperature, seed, max_new_tokens, warmup, progres
 
 
 def _run(fn, *args, **kwargs):
-    """Turn data/model problems into a clean CLI error instead of a traceback."""
-    from specsample_cupy.tasks.datasets import DataError
+    """Turn data/model problems into a clean CLI error instead of a traceback. When no item was usable
+    the run fails (exit 1) after listing why each was skipped, on stderr: no table of zeros."""
+    from specsample_cupy.tasks.datasets import NoUsableItems
 
     try:
         fn(*args, echo=click.echo, **kwargs)
-    except (DataError, ValueError, RuntimeError) as exc:
-        raise click.ClickException(str(exc))
+    except NoUsableItems as exc:
+        for s in exc.skipped:
+            click.echo(f"skipped {s}", err=True)
+        raise click.ClickException(str(exc)) from exc
+    except (ValueError, RuntimeError) as exc:   # DataError is a ValueError
+        raise click.ClickException(str(exc)) from exc
 
 
-@click.group(name="eval")
+@click.group(name="eval", context_settings={"help_option_names": ["-h", "--help"]})
 def eval_group():
     """Accuracy and verification time of baseline / exact / sigmoid verification on real tasks."""
 

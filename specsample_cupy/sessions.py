@@ -19,6 +19,7 @@ import contextlib
 import functools
 import json
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,17 +36,56 @@ CONTEXT_KEYS = ("n_positions", "max_position_embeddings", "n_ctx")
 
 
 def _read_json(path: Path) -> dict:
+    """The JSON object in `path`, or {} when there is no such file. Anything else wrong with the file
+    raises ValueError in one line that names it: the CLI prints that line, never a traceback."""
     if not path.exists():
         return {}
-    with open(path) as f:
-        return json.load(f)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
-def _ids(value) -> tuple[int, ...]:
-    """A config's token id field (None, an int or a list of ints) as a tuple."""
+def _ids(value, path: Path, key: str) -> tuple[int, ...]:
+    """A config's token id field (None, an int or a list of ints) as a tuple; ValueError naming the file
+    and key for anything else (a float or a string id would index the vocabulary wrongly later)."""
     if value is None:
         return ()
-    return tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ValueError(f"{path}: {key} must be a token id or a list of token ids, got {value!r}")
+    return tuple(values)
+
+
+def _positive_int(config: dict, key: str, path: Path) -> int:
+    value = config[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{path}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _load_tokenizer(path: Path):
+    """tokenizers.Tokenizer from tokenizer.json. The tokenizers library raises a plain Exception (exactly
+    that class) for every parse or read error, so exactly that class is turned into ValueError naming the
+    file; its subclasses (MemoryError, ...) are not about the file and propagate."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:   # noqa: BLE001 - narrowed to the exact class just below
+        if type(exc) is not Exception:
+            raise
+        detail = (str(exc).splitlines() or ["unreadable"])[0]
+        raise ValueError(f"{path}: not a valid tokenizers file ({detail})") from exc
 
 
 @dataclass
@@ -63,8 +103,8 @@ class ModelSpec:
 
     @classmethod
     def from_dir(cls, model_dir) -> "ModelSpec":
-        from tokenizers import Tokenizer
-
+        """Read and check a model directory. Raises ValueError, one line naming the file and what is
+        wrong, for a missing or unusable file (the ONNX file itself is checked when a session opens it)."""
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
             raise ValueError(f"model directory {model_dir} does not exist")
@@ -74,21 +114,27 @@ class ModelSpec:
                 raise ValueError(f"{model_dir} holds only decoder_model.onnx, a decoder without past; "
                                  "export with the task text-generation-with-past")
             raise ValueError(f"{model_dir} has none of {', '.join(MODEL_FILES)}")
-        config = _read_json(model_dir / "config.json")
-        if not config:
+        config_path = model_dir / "config.json"
+        if not config_path.exists():
             raise ValueError(f"{model_dir} has no config.json")
+        config = _read_json(config_path)
         if "vocab_size" not in config:
-            raise ValueError(f"{model_dir / 'config.json'} lacks vocab_size")
-        if not (model_dir / "tokenizer.json").exists():
+            raise ValueError(f"{config_path} lacks vocab_size")
+        vocab_size = _positive_int(config, "vocab_size", config_path)
+        context = next((_positive_int(config, k, config_path) for k in CONTEXT_KEYS if config.get(k)), None)
+        tokenizer_path = model_dir / "tokenizer.json"
+        if not tokenizer_path.exists():
             raise ValueError(f"{model_dir} has no tokenizer.json")
-        generation = _read_json(model_dir / "generation_config.json")
-        special = {k: generation.get(k, config.get(k)) for k in ("eos_token_id", "bos_token_id", "pad_token_id")}
-        eos = _ids(special["eos_token_id"])
-        bos = _ids(special["bos_token_id"])
-        pad = _ids(special["pad_token_id"]) or eos or (0,)
-        context = next((int(config[k]) for k in CONTEXT_KEYS if config.get(k)), None)
-        return cls(model_dir, onnx_path, config, int(config["vocab_size"]), context, eos,
-                   bos[0] if bos else None, pad[0], Tokenizer.from_file(str(model_dir / "tokenizer.json")))
+        generation_path = model_dir / "generation_config.json"
+        generation = _read_json(generation_path)
+        special = {}
+        for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+            source = generation_path if key in generation else config_path
+            special[key] = _ids(generation.get(key, config.get(key)), source, key)
+        eos, bos = special["eos_token_id"], special["bos_token_id"]
+        pad = special["pad_token_id"] or eos or (0,)
+        return cls(model_dir, onnx_path, config, vocab_size, context, eos, bos[0] if bos else None, pad[0],
+                   _load_tokenizer(tokenizer_path))
 
     def encode(self, text: str) -> list[int]:
         ids = self.tokenizer.encode(text).ids
@@ -115,17 +161,35 @@ def check_pair(target: ModelSpec, draft: ModelSpec):
 
 
 @functools.lru_cache(maxsize=None)
-def cuda_available() -> bool:
-    """True if CuPy sees a CUDA device and ONNX Runtime has its CUDA execution provider."""
+def cuda_status() -> tuple[bool, str]:
+    """(usable, why not): whether CuPy sees a CUDA device and ONNX Runtime has its CUDA execution provider.
+
+    Only the expected ways of lacking a GPU answer False: a package that is not installed (ImportError) and
+    a CUDA runtime error from CuPy (no device, no or too old a driver). Anything else is a broken install
+    or a bug and propagates, rather than silently turning into "run on the CPU"."""
     try:
         import cupy
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return False
+    except ImportError as exc:
+        return False, f"CuPy is not installed ({exc})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        return False, f"CUDA runtime: {exc}"
+    if count < 1:
+        return False, "CuPy sees no CUDA device"
+    try:
         import onnxruntime as ort
-        _preload_cuda_libraries(ort)
-        return "CUDAExecutionProvider" in ort.get_available_providers()
-    except Exception:
-        return False
+    except ImportError as exc:
+        return False, f"onnxruntime is not installed ({exc})"
+    _preload_cuda_libraries(ort)
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return False, "onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu, not onnxruntime)"
+    return True, ""
+
+
+def cuda_available() -> bool:
+    """True if CuPy sees a CUDA device and ONNX Runtime has its CUDA execution provider (see cuda_status)."""
+    return cuda_status()[0]
 
 
 def _preload_cuda_libraries(ort):
@@ -147,6 +211,33 @@ def array_module(device: str):
     raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
 
 
+def onnx_load_errors() -> tuple[type, ...]:
+    """The exceptions ONNX Runtime raises when creating a session from a model file it cannot load:
+    InvalidProtobuf (garbage, truncated, all-zero file), InvalidArgument (an empty file: "No graph was
+    found"; a graph naming a tensor nothing produces), InvalidGraph, Fail (shape inference of a corrupt
+    graph), NotImplemented (an operator or opset it lacks), NoSuchFile, and UnicodeDecodeError (its error
+    text quotes corrupt, non-UTF-8 names from the file)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    return (state.InvalidProtobuf, state.InvalidArgument, state.InvalidGraph, state.Fail, state.NotImplemented,
+            state.NoSuchFile, UnicodeDecodeError)
+
+
+def open_session_error(path, exc: BaseException) -> ValueError | None:
+    """A one-line ValueError naming `path` when `exc`, raised while creating a session, says the model file
+    cannot be loaded; None for other failures (an execution provider's, a refused CUDA-graph capture),
+    which the caller should let propagate."""
+    if isinstance(exc, UnicodeDecodeError):
+        # ONNX Runtime's error text quoted corrupt bytes from the file; the text is in exc.object.
+        message = bytes(exc.object).decode("utf-8", "replace") if isinstance(exc.object, bytes) else ""
+    else:
+        message = str(exc)
+    if not isinstance(exc, onnx_load_errors()) or "Load model from" not in message:
+        return None
+    detail = message.split(" failed:", 1)[-1].strip().splitlines()[0][:300] if " failed:" in message else ""
+    return ValueError(f"{path}: not a loadable ONNX model ({detail or type(exc).__name__})")
+
+
 def _inference_session(path: Path, device: str, stream, device_id: int, cuda_graph: bool = False):
     """An ONNX Runtime session; on CUDA it computes on `stream`, and with cuda_graph=True it may capture
     runs as CUDA graphs (ONNX Runtime refuses at creation when the graph has nodes on the CPU)."""
@@ -155,7 +246,7 @@ def _inference_session(path: Path, device: str, stream, device_id: int, cuda_gra
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if device == "cpu":
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return _create_session(ort, path, options, ["CPUExecutionProvider"])
     _preload_cuda_libraries(ort)
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise RuntimeError("device='cuda' needs onnxruntime-gpu (CUDAExecutionProvider is not available)")
@@ -164,8 +255,21 @@ def _inference_session(path: Path, device: str, stream, device_id: int, cuda_gra
     cuda = {"device_id": str(device_id), "user_compute_stream": str(stream.ptr), "use_tf32": "0"}
     if cuda_graph:
         cuda["enable_cuda_graph"] = "1"
-    return ort.InferenceSession(str(path), options, providers=[("CUDAExecutionProvider", cuda),
-                                                               "CPUExecutionProvider"])
+    return _create_session(ort, path, options, [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"])
+
+
+def _create_session(ort, path: Path, options, providers):
+    """ort.InferenceSession, with a model file it cannot load reported as ValueError naming the file
+    (open_session_error). ONNX Runtime prints its provider-fallback notices with print(); they go to
+    stderr so that stdout keeps only what the command writes there."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return ort.InferenceSession(str(path), options, providers=providers)
+    except onnx_load_errors() as exc:
+        error = open_session_error(path, exc)
+        if error is None:
+            raise
+        raise error from exc
 
 
 def run_options(device: str, graph_id: int = -1):

@@ -1,5 +1,6 @@
 """`specsample decode` and `specsample bench decode` on the tiny pair, on the CPU."""
 import json
+import statistics
 
 import pytest
 
@@ -8,7 +9,6 @@ pytest.importorskip("onnxruntime")
 from click.testing import CliRunner  # noqa: E402
 
 from models.build_tiny import build_tiny_pair  # noqa: E402
-from specsample_cupy.bench_decode import BENCH_METHODS, bench_decode  # noqa: E402
 from specsample_cupy.cli_decode import decode  # noqa: E402
 from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
 
@@ -18,18 +18,28 @@ def pair(tmp_path_factory):
     return build_tiny_pair(str(tmp_path_factory.mktemp("tiny")), vocab_size=48, seed=4)
 
 
+def _runner():
+    """A runner that keeps stderr apart from stdout (click 8.1 needs asking; 8.2 always does)."""
+    try:
+        return CliRunner(mix_stderr=False)
+    except TypeError:
+        return CliRunner()
+
+
 def _models(pair):
     return ["--target", pair[0], "--draft", pair[1], "--device", "cpu"]
 
 
-def test_decode_streams_one_prompt_and_prints_stats(pair):
-    result = CliRunner().invoke(decode, _models(pair) + ["--prompt", "the sea", "--max-new-tokens", "20",
-                                                         "--gamma", "3", "--seed", "5"])
+def test_decode_streams_one_prompt_and_prints_stats_on_stderr(pair):
+    args = _models(pair) + ["--prompt", "the sea", "--max-new-tokens", "20", "--gamma", "3", "--seed", "5"]
+    result = _runner().invoke(decode, args)
     assert result.exit_code == 0, result.output
     expected = SpeculativeDecoder(*pair, device="cpu").generate("the sea", max_new_tokens=20, gamma=3, seed=5)
-    assert result.stdout.startswith("the sea" + expected.texts[0] + "\n")
+    assert result.stdout == expected.texts[0] + "\n"          # the generated text and nothing else
     for key in ("acceptance_rate", "tokens_per_s", "verify_time_per_round_s", "host_overhead_per_round_s"):
-        assert key in result.stdout
+        assert key in result.stderr
+    echoed = _runner().invoke(decode, args + ["--echo", "--no-stats"])
+    assert echoed.stdout == "the sea" + expected.texts[0] + "\n" and echoed.stderr == ""
 
 
 def test_decode_json_for_a_batch(pair):
@@ -39,26 +49,35 @@ def test_decode_json_for_a_batch(pair):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert len(report["texts"]) == len(report["token_ids"]) == 2
-    expected = SpeculativeDecoder(*pair, device="cpu").generate(["a", "hello there"], max_new_tokens=12,
-                                                                 method="target", temperature=0)
+    expected_decoder = SpeculativeDecoder(*pair, device="cpu")
+    expected = expected_decoder.generate(["a", "hello there"], max_new_tokens=12, method="target", temperature=0)
     assert report["token_ids"] == expected.token_ids
     assert report["stats"]["method"] == "greedy" and report["stats"]["rounds"] > 0
+    eos = expected_decoder.target_spec.eos_token_ids
+    assert report["finish_reasons"] == ["eos" if ids[-1] in eos else "length" for ids in expected.token_ids]
 
 
 def test_decode_reports_errors_cleanly(pair):
-    result = CliRunner().invoke(decode, _models(pair) + ["--prompt", "x" * 300])
-    assert result.exit_code != 0
-    assert "context" in result.output
+    result = _runner().invoke(decode, _models(pair) + ["--prompt", "x" * 300])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.startswith("Error: --prompt 0: the prompt has 300 tokens") and "context" in result.stderr
 
 
 def test_bench_decode_table_and_json(pair, tmp_path):
+    from specsample_cupy.bench_decode import bench_decode
+
     path = tmp_path / "bench.json"
-    result = CliRunner().invoke(bench_decode, _models(pair) + ["--max-new-tokens", "10", "--gamma", "3",
-                                                               "--prompts", "3", "--json", str(path)])
+    args = ["--max-new-tokens", "10", "--methods", "exact,greedy", "--gamma", "3", "--batch", "3", "--seeds", "2",
+            "--json", str(path)]
+    result = CliRunner().invoke(bench_decode, _models(pair) + args)
     assert result.exit_code == 0, result.output
-    report = json.loads(path.read_text())
-    assert [r["method"] for r in report["results"]] == list(BENCH_METHODS)
-    assert report["results"][0]["speedup"] == pytest.approx(1.0)
-    for row in report["results"]:
-        assert row["tokens_per_s"] > 0 and row["rounds"] > 0
+    rows = json.loads(path.read_text())["runs"][0]["rows"]
+    assert [(r["method"], r["gamma"]) for r in rows] == [("target", 0), ("exact", 3), ("greedy", 3)]
+    # Speed-ups are target-only's wall over the method's, seed by seed, in the same run.
+    target_wall = {r["seed"]: r["wall_s"] for r in rows[0]["runs"]}
+    for row in rows:
+        assert [r["seed"] for r in row["runs"]] == [0, 1] and all(r["wall_s"] > 0 for r in row["runs"])
+        ratios = [target_wall[r["seed"]] / r["wall_s"] for r in row["runs"]]
+        assert row["speedup"]["median"] == pytest.approx(statistics.median(ratios))
+        assert row["speedup"]["min"] == pytest.approx(min(ratios))
         assert row["method"] in result.stdout

@@ -27,7 +27,10 @@ def test_greedy_speculative_equals_target_only(decoder, batch, gamma):
         expected = _reference(decoder, prompts, 40)
         out = decoder.generate(prompts, max_new_tokens=40, gamma=gamma, method="greedy")
         assert out.token_ids == expected, (prompts, gamma)
-        assert out.stats["rounds"] < 40 * 1.0 + 1
+        # Every round gives each active request its accepted drafts and one more token, so the longest
+        # request bounds the round count from both sides.
+        longest = max(map(len, out.token_ids))
+        assert longest - out.stats["accepted"] <= out.stats["rounds"] <= longest
         assert 0.0 < out.stats["acceptance_rate"] <= 1.0
 
 

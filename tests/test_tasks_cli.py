@@ -22,11 +22,8 @@ ITEM_KEYS = {"id", "token_ids", "new_tokens", "rounds", "draft_lengths", "accept
 
 
 def _gpu_ready():
-    try:
-        from specsample_cupy.sessions import cuda_available
-        return cuda_available()
-    except Exception:
-        return False
+    from specsample_cupy.sessions import cuda_available
+    return cuda_available()
 
 
 @pytest.fixture(scope="module")
@@ -188,9 +185,10 @@ def test_bad_options_give_clear_errors(text_pair, whisper_pair, tmp_path):
     r = runner.invoke(eval_group, ["asr", "--target", whisper_pair[0], "--draft", whisper_pair[1],
                                    "--data", str(tmp_path), "--device", "cpu"])
     assert r.exit_code == 1 and "trans.txt" in r.output
-    # A decoder-only pair is not a Whisper export.
+    # A decoder-only pair is not a Whisper export (checked once the data has a usable utterance).
+    (tmp_path / "m").mkdir()
     r = runner.invoke(eval_group, ["asr", "--target", text_pair[0], "--draft", text_pair[1],
-                                   "--data", str(data), "--device", "cpu"])
+                                   "--data", str(_asr_manifest(tmp_path / "m")), "--device", "cpu"])
     assert r.exit_code == 1 and "encoder_model.onnx" in r.output
 
 
@@ -236,3 +234,44 @@ def test_eval_asr_gpu(whisper_pair, tmp_path):
 @pytest.mark.skipif(not _gpu_ready(), reason="needs CuPy, a CUDA device and onnxruntime-gpu")
 def test_eval_summarize_gpu(text_pair, tmp_path):
     _run_summarize(text_pair, tmp_path, "cuda")
+
+
+def _fails(args):
+    """Run a command that must fail: exit 1, no table on stdout, `Error: ...` last on stderr."""
+    try:
+        runner = CliRunner(mix_stderr=False)
+    except TypeError:            # click >= 8.2 keeps stderr apart anyway
+        runner = CliRunner()
+    result = runner.invoke(eval_group, args + ["--device", "cpu", "--no-progress"], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    return result.stderr
+
+
+def test_summarize_without_usable_articles_fails(text_pair, tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text("not json\n" + json.dumps({"summary": "no article"}) + "\n")
+    err = _fails(["summarize", "--target", text_pair[0], "--draft", text_pair[1], "--data", str(data)])
+    assert err.splitlines()[-1] == f"Error: no usable articles in {data} (all 2 skipped)"
+    assert f"skipped {data}:1: line 1: malformed JSON" in err and "missing \"article\"" in err
+    # Every article too long for the context: skipped while running, after the models loaded.
+    data.write_text(json.dumps({"article": "word " * 400}) + "\n")
+    err = _fails(["summarize", "--target", text_pair[0], "--draft", text_pair[1], "--data", str(data)])
+    assert err.splitlines()[-1] == f"Error: no usable articles in {data} (all 1 skipped)"
+    assert "tokens" in err and "ROUGE" not in err
+
+
+def test_asr_without_usable_utterances_fails(whisper_pair, tmp_path):
+    pytest.importorskip("jiwer")
+    (tmp_path / "broken.wav").write_bytes(b"RIFF....WAVEjunk")
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"audio": "nothere.wav", "text": "missing"}) + "\n")
+    args = ["asr", "--target", whisper_pair[0], "--draft", whisper_pair[1], "--data", str(manifest)]
+    err = _fails(args)
+    assert err.splitlines()[-1] == f"Error: no usable utterances in {manifest} (all 1 skipped)"
+    assert "audio file not found" in err
+    # The audio exists but cannot be read: skipped while running.
+    manifest.write_text(json.dumps({"audio": "broken.wav", "text": "unreadable"}) + "\n")
+    err = _fails(args)
+    assert err.splitlines()[-1] == f"Error: no usable utterances in {manifest} (all 1 skipped)"
+    assert "broken.wav" in err and "WER" not in err

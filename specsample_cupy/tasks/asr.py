@@ -13,7 +13,7 @@ from pathlib import Path
 from specsample_cupy.decoder import SpeculativeDecoder
 from specsample_cupy.sessions import check_pair as check_tokenizers
 from specsample_cupy.tasks.audio import AudioError, load_audio, log_mel_spectrogram
-from specsample_cupy.tasks.datasets import Skipped, load_asr_items
+from specsample_cupy.tasks.datasets import NoUsableItems, Skipped, load_asr_items
 from specsample_cupy.tasks.evaluation import (RunSettings, finish_report, item_record,
                                               progress_bar)
 from specsample_cupy.tasks.instrumented import StepRecorder
@@ -80,11 +80,11 @@ def run_asr(target, draft, data, settings: RunSettings, *, device=None, limit=No
     """Evaluate every method on the data; print the table; write JSON/plot; return the report."""
     settings.check()
     items, skipped = load_asr_items(data)
+    if not items:
+        raise NoUsableItems(data, "utterances", skipped)
     decoder = WhisperSpeculativeDecoder(target, draft, device, language=language, task=task)
     methods = settings.methods
     records = {m: [] for m in methods}
-    if not items:
-        echo("no usable utterances")
 
     def decode(audio, method, max_new):
         return decoder.transcribe(audio, method=method, gamma=settings.gamma, max_new_tokens=max_new,
@@ -115,6 +115,8 @@ def run_asr(target, draft, data, settings: RunSettings, *, device=None, limit=No
                                           audio=str(item.audio), encoder_s=out.stats["encoder_s"]))
             bar.update(1)
     bar.close()
+    if not records[methods[0]]:                       # every utterance's audio was unreadable
+        raise NoUsableItems(data, "utterances", skipped)
 
     accuracy = {}
     for m in methods:

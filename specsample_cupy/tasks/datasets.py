@@ -17,6 +17,16 @@ class DataError(ValueError):
     """The data path as a whole cannot be used."""
 
 
+class NoUsableItems(DataError):
+    """Every item was skipped: there is nothing to score, and a table of zeros would read as a result.
+    ``skipped`` holds why, item by item."""
+
+    def __init__(self, data, what: str, skipped: list):
+        self.skipped = list(skipped)
+        reason = f"all {len(self.skipped)} skipped" if self.skipped else "none found"
+        super().__init__(f"no usable {what} in {data} ({reason})")
+
+
 @dataclass
 class AsrItem:
     id: str

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from specsample_cupy.decoder import SpeculativeDecoder
-from specsample_cupy.tasks.datasets import Skipped, load_summary_items
+from specsample_cupy.tasks.datasets import NoUsableItems, Skipped, load_summary_items
 from specsample_cupy.tasks.evaluation import RunSettings, finish_report, item_record, progress_bar
 from specsample_cupy.tasks.instrumented import StepRecorder
 from specsample_cupy.tasks.metrics import rouge_scores
@@ -46,6 +46,8 @@ def run_summarize(target, draft, data, settings: RunSettings, *, device=None, li
     settings.check()
     render_prompt(template, "")                        # reject a bad template before loading models
     items, skipped = load_summary_items(data)
+    if not items:
+        raise NoUsableItems(data, "articles", skipped)
     decoder = RecordingDecoder(target, draft, device=device)
     methods = settings.methods
     records = {m: [] for m in methods}
@@ -93,6 +95,8 @@ def run_summarize(target, draft, data, settings: RunSettings, *, device=None, li
             references.append(outputs["target"])
             reference_kind.append("target_output")
     bar.close()
+    if not references:                                # every prompt was refused (e.g. too long)
+        raise NoUsableItems(data, "articles", skipped)
 
     accuracy = {}
     for m in methods:
