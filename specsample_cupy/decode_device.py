@@ -299,6 +299,12 @@ class DeviceCost:
     def observe(self, gamma: int, seconds: float):
         self.rest.observe(gamma, seconds - self.model_s[gamma])
 
+    def state(self):
+        return self.rest.state()
+
+    def load(self, state):
+        self.rest.load(state)
+
     def __call__(self, gammas):
         model = np.array([self.model_s[int(g)] for g in gammas])
         rest = self.rest(gammas) if self.rest.w else 0.0
@@ -307,7 +313,7 @@ class DeviceCost:
 
 def calibrate_model_costs(decoder, buf: _RoundBuffers, gammas, replays: int = 5) -> dict:
     """GPU seconds of a round's model runs for each gamma (the draft's S = 2 run, gamma - 1 S = 1 runs,
-    the target's S = gamma + 1 run), from replays of each captured graph between CUDA events. Runs
+    the target's S = gamma + 1 run; gamma = 0: a target-only step's S = 1 run), from replays of each captured graph between CUDA events. Runs
     before a call's first round writes any feed (the feeds are zeroed first: every id in range), and
     kept per plan by the decoder."""
     import cupy
@@ -319,7 +325,7 @@ def calibrate_model_costs(decoder, buf: _RoundBuffers, gammas, replays: int = 5)
     runs = {("draft", 2): (decoder.draft, buf.draft_steps[0])}
     if len(buf.draft_steps) > 1:
         runs[("draft", 1)] = (decoder.draft, buf.draft_steps[1])
-    for g in gammas:
+    for g in [0, *gammas]:
         runs[("target", g + 1)] = (decoder.target, buf.target_step(decoder.target, g + 1))
     seconds = {}
     with stream:
@@ -335,6 +341,7 @@ def calibrate_model_costs(decoder, buf: _RoundBuffers, gammas, replays: int = 5)
             seconds[key_run] = cupy.cuda.get_elapsed_time(start, end) / 1e3 / replays
     costs = {g: seconds[("draft", 2)] + (g - 1) * seconds.get(("draft", 1), 0.0) + seconds[("target", g + 1)]
              for g in gammas}
+    costs[0] = seconds[("target", 1)]
     decoder._model_costs[key] = costs
     return costs
 
@@ -365,6 +372,7 @@ class DeviceRounds:
         self.masks = {"target": buf.dev["mask_t"].reshape(B, -1), "draft": buf.dev["mask_d"].reshape(B, -1)}
         if hasattr(policy, "cost") and isinstance(policy.cost, DeviceCost) and policy.cost.model_s is None:
             policy.cost.model_s = calibrate_model_costs(decoder, buf, range(policy.lo, policy.cap + 1))
+            policy.choose()   # from the measured costs (and what earlier calls measured, if loaded)
         self.gammas = {0: policy.next_gamma()}
         limit = decoder.context_length
         buf.start(req, (target_cache, draft_cache), gamma=self.gammas[0], temperature=temperature, seed=seed,

@@ -21,7 +21,7 @@ from specsample_cupy import decode_device, decode_stats
 from specsample_cupy.decode_host import HostRounds
 from specsample_cupy.decode_stats import Clock, Totals, timed_runs
 from specsample_cupy.detokenize import TextAssembler
-from specsample_cupy.gamma_policy import make_policy
+from specsample_cupy.gamma_policy import REPROBE, make_policy
 from specsample_cupy.requests import Requests
 from specsample_cupy.sessions import DecoderSession, ModelSpec, array_module, check_pair, cuda_available
 from specsample_cupy.sessions_static import StaticDecoderSession
@@ -170,6 +170,7 @@ class SpeculativeDecoder:
         self._events, self._staging = [], None   # the loops' reusable pieces
         self._round_buffers = {}   # decode_device's buffers and launches, per shape
         self._model_costs = {}     # decode_device's calibrated per-round model costs, per plan
+        self._auto_memory = {}     # gamma="auto": what calls measured, per (method, temperature, batch)
         self._busy = threading.Lock()   # held by the generate() that runs
         self.device_rounds = True
         self.stream = None
@@ -187,7 +188,10 @@ class SpeculativeDecoder:
             prompts: a string or a list of B strings (any lengths; batched with left padding).
             gamma: draft tokens proposed per round; 0 (or method="target") decodes with the target alone;
                 "auto" picks each round's gamma in [gamma_min, gamma_max] that maximises expected tokens
-                per second from the measured acceptance and per-run costs (gamma_policy.AutoGamma).
+                per second from the measured acceptance and per-run costs (gamma_policy.AutoGamma),
+                starting from what earlier calls with the same method, temperature and batch size
+                measured; when those say target-only decoding is faster, the call runs target-only
+                (stats["auto_target_only"]), speculating again every gamma_policy.REPROBE-th call.
             method: "exact", "sigmoid", "baseline" or "greedy" (see verify()), or "target".
             temperature: sampling temperature of both models; 0 is greedy.
             seed: keys the random numbers; the same seed gives the same tokens on CPU and GPU (up to
@@ -215,6 +219,12 @@ class SpeculativeDecoder:
         if not prompts:
             raise ValueError("no prompts given")
         speculative = method != "target" and gamma > 0
+        # Automatic gamma starts from what earlier calls of this kind measured, and may run target-only.
+        memory = self._auto_memory.setdefault((method, float(temperature), len(prompts)), {"calls": 0}) \
+            if policy_mode == "auto" and speculative else None
+        if memory is not None:
+            memory["calls"] += 1
+            speculative = not memory.get("target_only") or memory["calls"] % REPROBE == 0
         if not self._busy.acquire(blocking=False):
             raise RuntimeError("this SpeculativeDecoder is already generating (in another thread): a decoder "
                                "runs one generate() at a time; use one decoder per thread")
@@ -231,7 +241,8 @@ class SpeculativeDecoder:
                 with timed_runs(sessions, clock, "prefill"):
                     self._prefill(list(zip(sessions, caches)), req)
                 # Rounds, until every request has finished.
-                rounds, why_not_device = self._rounds(req, caches, policy, method, temperature, seed, clock)
+                rounds, why_not_device = self._rounds(req, caches, policy, method, temperature, seed, clock,
+                                                      (memory or {}).get("state") if speculative else None)
                 assembler = TextAssembler(self.tokenizer, req.batch, incremental=why_not_device is None)
                 totals = Totals()
                 with timed_runs(sessions, clock) if self.time_model_runs else contextlib.nullcontext():
@@ -243,12 +254,15 @@ class SpeculativeDecoder:
                             rounds.finish(stop)
                 if self.stream is not None:
                     self.stream.synchronize()   # a discarded round may still run
+            if memory is not None and speculative:
+                memory.update(state=policy.state(), target_only=policy.prefers_target_only())
             texts = [assembler.text(b) for b in range(req.batch)]
             wall_s = time.perf_counter() - wall_start   # the stats' own readout below is not decoding time
             stats = decode_stats.stats(
                 method=method, speculative=speculative, device=self.device, req=req, totals=totals, clock=clock,
                 timed=self.time_model_runs, wall_s=wall_s, loop="device" if why_not_device is None else "host",
                 extra={"device_rounds": True if why_not_device is None else why_not_device,
+                       "auto_target_only": memory is not None and not speculative,
                        "discarded_rounds": rounds.discarded, "gamma_mode": policy_mode,
                        "read_wait_per_round_s": rounds.read_wait_s / max(totals.rounds, 1),
                        "kv_compactions": sum(c.compactions for c in caches), "cuda_graphs": dict(self.cuda_graphs)})
@@ -291,17 +305,23 @@ class SpeculativeDecoder:
         capacity = req.seq.shape[1] + gamma_cap + 2 + kv_slack
         return [s.new_cache(req.batch, capacity, kv_slack) for s in sessions]
 
-    def _rounds(self, req, caches, policy, method, temperature, seed, clock):
-        """The loop that runs this call's rounds, and None or why it is not the device loop."""
+    def _rounds(self, req, caches, policy, method, temperature, seed, clock, auto_state=None):
+        """The loop that runs this call's rounds, and None or why it is not the device loop.
+        auto_state: what earlier calls of this kind measured, for an automatic gamma policy."""
         target_cache, draft_cache = caches[0], (caches[1] if len(caches) > 1 else None)
         why_not = self._why_not_device_loop(draft_cache is not None, policy.cap)
         temperature = 0.0 if method == "greedy" else float(temperature)
         method = method if draft_cache is not None else "target"
         if why_not is None:
             if getattr(policy, "cost", None) is not None:
-                policy.cost = decode_device.DeviceCost(None)   # calibrated by DeviceRounds
+                policy.cost = decode_device.DeviceCost(None)   # calibrated by DeviceRounds, which then chooses
+                if auto_state is not None:
+                    policy.load(auto_state)
             return decode_device.DeviceRounds(self, req, target_cache, draft_cache, policy=policy, method=method,
                                               temperature=temperature, seed=seed, clock=clock), None
+        if auto_state is not None:
+            policy.load(auto_state)
+            policy.choose()
         return HostRounds(self, req, target_cache, draft_cache, policy=policy, method=method,
                           temperature=temperature, seed=seed, clock=clock), why_not
 

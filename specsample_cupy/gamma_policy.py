@@ -15,12 +15,19 @@ alpha is estimated from the rounds read so far (successes / trials of the trunca
 exponential forgetting and a weak prior); cost comes from the loop: the device loop's per-run costs
 measured by replaying its captured graphs plus the per-round remainder it observes, the host loop a
 straight line a + b * gamma fitted to the rounds' wall times.
+
+What a call learns is kept for the next call of the same kind (state() / load(): the decoder keeps it
+per method, temperature and batch size), so later calls start from measured numbers rather than the
+prior. When those numbers say a target-only step (gamma = 0: one token for one target run) yields more
+tokens per second than any round with drafts, prefers_target_only() is true and the decoder runs its
+next calls of that kind target-only, speculating again every REPROBE-th call to measure afresh.
 """
 from __future__ import annotations
 
 import numpy as np
 
 FORGET = 0.95          # weight of older observations per round read
+REPROBE = 8            # calls of a kind that prefers target-only: every REPROBE-th speculates again
 PRIOR_ALPHA = 0.6      # acceptance assumed before any round is read ...
 PRIOR_TRIALS = 4.0     # ... worth this many drafts
 
@@ -71,6 +78,12 @@ class LineCost:
         self.w, self.wx, self.wy = f * self.w + 1, f * self.wx + gamma, f * self.wy + seconds
         self.wxx, self.wxy = f * self.wxx + gamma * gamma, f * self.wxy + gamma * seconds
 
+    def state(self) -> tuple:
+        return (self.w, self.wx, self.wy, self.wxx, self.wxy)
+
+    def load(self, state: tuple) -> None:
+        self.w, self.wx, self.wy, self.wxx, self.wxy = state
+
     def __call__(self, gamma: np.ndarray) -> np.ndarray:
         if self.w == 0:
             return 1.0 + self.ratio * np.asarray(gamma, np.float64)
@@ -94,6 +107,7 @@ class AutoGamma(FixedGamma):
     def __init__(self, gamma: int, gamma_min: int, gamma_max: int, cost):
         self.gamma, self.lo, self.cap, self.cost = int(np.clip(gamma, gamma_min, gamma_max)), gamma_min, gamma_max, cost
         self.successes, self.trials = PRIOR_ALPHA * PRIOR_TRIALS, PRIOR_TRIALS
+        self.measured = False   # whether any round has been observed (here or in a loaded state)
 
     @property
     def alpha(self) -> float:
@@ -106,11 +120,31 @@ class AutoGamma(FixedGamma):
             rejected = (acc < dl).sum()        # each rejection ends a row's run of successes
             self.successes = FORGET * self.successes + float(acc.sum())
             self.trials = FORGET * self.trials + float(acc.sum() + rejected)
+            self.measured = True
         if seconds is not None and seconds > 0:
             self.cost.observe(rnd.gamma, seconds)
+        self.choose()
+
+    def _rates(self, gammas) -> np.ndarray:
+        return expected_tokens(min(self.alpha, 0.999), gammas) / self.cost(gammas)
+
+    def choose(self) -> None:
+        """Set gamma to the best of [gamma_min, gamma_max] under the current estimates."""
         gammas = np.arange(self.lo, self.cap + 1)
-        rate = expected_tokens(min(self.alpha, 0.999), gammas) / self.cost(gammas)
-        self.gamma = int(gammas[int(np.argmax(rate))])
+        self.gamma = int(gammas[int(np.argmax(self._rates(gammas)))])
+
+    def prefers_target_only(self) -> bool:
+        """Whether a target-only step (gamma = 0) beats every gamma in range, by the measurements."""
+        gammas = np.arange(self.lo, self.cap + 1)
+        return self.measured and bool(self._rates(np.array([0]))[0] > self._rates(gammas).max())
+
+    def state(self) -> dict:
+        return {"successes": self.successes, "trials": self.trials, "measured": self.measured,
+                "cost": self.cost.state()}
+
+    def load(self, state: dict) -> None:
+        self.successes, self.trials, self.measured = state["successes"], state["trials"], state["measured"]
+        self.cost.load(state["cost"])   # the caller calls choose() once the cost can be evaluated
 
 
 def make_policy(gamma: int, mode: str, gamma_min: int, gamma_max: int, cost=None):

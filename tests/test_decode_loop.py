@@ -59,7 +59,26 @@ def test_greedy_output_is_the_same_at_every_gamma(decoder, gamma, extra):
     assert out.token_ids == expected
     if gamma == "auto":
         lo, hi = extra.get("gamma_min", 1), extra.get("gamma_max", 12)
-        assert out.stats["gamma_mode"] == "auto" and lo <= out.stats["mean_gamma"] <= hi
+        assert out.stats["gamma_mode"] == "auto"
+        assert out.stats["mean_gamma"] == 0 if out.stats["auto_target_only"] else lo <= out.stats["mean_gamma"] <= hi
+
+
+def test_auto_gamma_remembers_and_may_run_target_only(pair):
+    """A call's measurements seed the next call of its kind; when they say drafting does not pay, calls
+    run target-only (same tokens, greedy), and every REPROBE-th call speculates again."""
+    from specsample_cupy.gamma_policy import REPROBE
+    dec = SpeculativeDecoder(*pair, device="cpu")
+    kwargs = dict(max_new_tokens=20, gamma="auto", method="greedy")
+    first = dec.generate(PROMPTS, **kwargs)
+    assert not first.stats["auto_target_only"] and first.stats["rounds"] < 20
+    memory = dec._auto_memory[("greedy", 1.0, len(PROMPTS))]
+    assert memory["state"]["measured"] and memory["calls"] == 1
+    memory["target_only"] = True
+    expected = dec.generate(PROMPTS, max_new_tokens=20, method="target", temperature=0).token_ids
+    outs = [dec.generate(PROMPTS, **kwargs) for _ in range(REPROBE - 1)]
+    assert [o.stats["auto_target_only"] for o in outs] == [True] * (REPROBE - 2) + [False]
+    assert all(o.token_ids == expected for o in outs)
+    assert outs[0].stats["rounds"] == 20 and outs[0].stats["method"] == "target"
 
 
 def test_round_hook_sees_every_round_and_can_stop_requests(decoder):
