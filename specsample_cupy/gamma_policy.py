@@ -99,34 +99,48 @@ class LineCost:
 
 
 class AutoGamma(FixedGamma):
-    """argmax over gamma of expected tokens per second (module docstring).
+    """argmax over gamma of expected tokens per second (module docstring), with one acceptance estimate
+    per request: in a batch, rows accept at different rates, and the mean of E over the rows is what a
+    round yields (E at the mean acceptance would overrate long rounds).
 
     cost: callable gamma [k] -> seconds [k] per round, with `observe(gamma, seconds)` to learn from
     the rounds read (LineCost, or the device loop's calibrated cost)."""
 
     def __init__(self, gamma: int, gamma_min: int, gamma_max: int, cost):
         self.gamma, self.lo, self.cap, self.cost = int(np.clip(gamma, gamma_min, gamma_max)), gamma_min, gamma_max, cost
-        self.successes, self.trials = PRIOR_ALPHA * PRIOR_TRIALS, PRIOR_TRIALS
+        self.successes = self.trials = self.live = None   # [B], sized by the first round observed
         self.measured = False   # whether any round has been observed (here or in a loaded state)
 
     @property
-    def alpha(self) -> float:
+    def alpha(self) -> np.ndarray:
+        """Each request's acceptance estimate [B] (the prior before any round)."""
+        if self.successes is None:
+            return np.array([PRIOR_ALPHA])
         return self.successes / self.trials
 
     def observe(self, rnd, seconds=None):
+        if self.successes is None or self.successes.shape != rnd.active.shape:
+            self.successes = np.full(rnd.active.shape, PRIOR_ALPHA * PRIOR_TRIALS)
+            self.trials = np.full(rnd.active.shape, PRIOR_TRIALS)
         proposing = rnd.active & (rnd.draft_len > 0)
         if proposing.any():
-            acc, dl = rnd.accepted[proposing], rnd.draft_len[proposing]
-            rejected = (acc < dl).sum()        # each rejection ends a row's run of successes
-            self.successes = FORGET * self.successes + float(acc.sum())
-            self.trials = FORGET * self.trials + float(acc.sum() + rejected)
+            acc = np.where(proposing, rnd.accepted, 0)
+            rejected = proposing & (rnd.accepted < rnd.draft_len)   # a rejection ends a row's successes
+            self.successes = np.where(proposing, FORGET * self.successes + acc, self.successes)
+            self.trials = np.where(proposing, FORGET * self.trials + acc + rejected, self.trials)
             self.measured = True
+        self.live = rnd.active
         if seconds is not None and seconds > 0:
             self.cost.observe(rnd.gamma, seconds)
         self.choose()
 
     def _rates(self, gammas) -> np.ndarray:
-        return expected_tokens(min(self.alpha, 0.999), gammas) / self.cost(gammas)
+        alpha = self.alpha
+        if self.live is not None and self.live.shape == alpha.shape and self.live.any():
+            alpha = alpha[self.live]
+        alpha = np.minimum(alpha, 0.999)[:, None]
+        tokens = ((1.0 - alpha ** (np.asarray(gammas, np.float64)[None, :] + 1.0)) / (1.0 - alpha)).mean(axis=0)
+        return tokens / self.cost(gammas)
 
     def choose(self) -> None:
         """Set gamma to the best of [gamma_min, gamma_max] under the current estimates."""
