@@ -1,8 +1,9 @@
-"""Device rounds on the tiny test pair, for compute-sanitizer restricted to decode_round.cu's kernels
-and the row sampler (ONNX Runtime's own kernels run unchecked):
+"""The device loop on the tiny test pair (speculative rounds at fixed and automatic gamma, target-only
+steps), for compute-sanitizer restricted to decode_round.cu's kernels and the row sampler (ONNX
+Runtime's own kernels run unchecked):
 
     compute-sanitizer --tool memcheck --kernel-name kns=draft_step_done --kernel-name kns=round_done \\
-        --kernel-name kns=compact_plan \\
+        --kernel-name kns=compact_plan --kernel-name kns=target_step_done \\
         python3 benchmarks/sanitize_decode_round.py
 Exits non-zero if a request's tokens break the budget/EOS rules or leave the vocabulary.
 """
@@ -16,9 +17,10 @@ pair = build_tiny_pair(tempfile.mkdtemp(), vocab_size=48, seed=3)
 dec = SpeculativeDecoder(*pair, device="cuda")
 prompts = ["the rain in spain", "a", "hello there, a longer prompt"]
 bad = 0
-for eos, max_new, gamma in (((0,), 70, 4), ((0, 5, 7), 40, 2)):
+for eos, max_new, gamma in (((0,), 70, 4), ((0, 5, 7), 40, 2), ((0, 5, 7), 40, 0), ((0,), 40, "auto")):
     dec.target_spec.eos_token_ids = eos
-    out = dec.generate(prompts, max_new_tokens=max_new, gamma=gamma, method="exact", temperature=1.0, seed=5)
+    out = dec.generate(prompts, max_new_tokens=max_new, gamma=gamma, method="exact" if gamma else "target",
+                       temperature=1.0, seed=5)
     assert out.stats["device_rounds"] is True, out.stats["device_rounds"]
     for ids in out.token_ids:
         ends = [j for j, t in enumerate(ids) if t in eos]

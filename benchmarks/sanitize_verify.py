@@ -1,40 +1,57 @@
-"""Small verify() calls over every mode and dtype, for compute-sanitizer (memcheck / racecheck).
+"""Small verify() calls over every mode and dtype, for compute-sanitizer (memcheck / racecheck /
+synccheck): clean requests, bad requests (NaN, all -Inf rows, ids out of range, bad lengths and
+temperatures), and the default plan next to an oversubscribed and a one-block grid.
 
-    compute-sanitizer --tool memcheck python3 benchmarks/sanitize_verify.py [METHOD [DTYPE]]
-Exits non-zero if a result differs from the NumPy reference.
+    compute-sanitizer --tool memcheck python3 benchmarks/sanitize_verify.py [--lineinfo] [METHOD [DTYPE]]
+--lineinfo compiles the kernels with line information (source lines in the reports).
+Exits non-zero if a result differs from the NumPy reference (tokens, accepted, emitted, error).
 """
+import argparse
 import sys
 
 import cupy as cp
 import numpy as np
 
 from specsample_cupy import sample_tokens, verify
+from specsample_cupy.kernels import PlanOptions
 
-only_method = sys.argv[1] if len(sys.argv) > 1 else None
-only_dtype = sys.argv[2] if len(sys.argv) > 2 else None
+ap = argparse.ArgumentParser()
+ap.add_argument("method", nargs="?")
+ap.add_argument("dtype", nargs="?")
+ap.add_argument("--lineinfo", action="store_true", help="compile with --generate-line-info")
+args = ap.parse_args()
+plans = [PlanOptions(lineinfo=args.lineinfo), PlanOptions(lineinfo=args.lineinfo, grid=1),
+         PlanOptions(lineinfo=args.lineinfo, p1_sweeps=1, p2_sweeps=1, grid=1000)]
 rng = np.random.default_rng(0)
 bad = 0
 for V in (37, 1024):
     for dtype in ("float32", "float16"):
-        for method, probs in (("exact", False), ("exact", True), ("sigmoid", False), ("greedy", False)):
-            if (only_method and method != only_method) or (only_dtype and dtype != only_dtype):
+        for method, probs in (("exact", False), ("exact", True), ("sigmoid", False), ("greedy", False),
+                              ("greedy", True)):
+            if (args.method and method != args.method) or (args.dtype and dtype != args.dtype):
                 continue
-            B, G = 3, 4
+            B, G = 6, 4
             target = rng.normal(size=(B, G + 1, V)).astype(np.float32)
             draft = (0.8 * target[:, :G] + 0.3 * rng.normal(size=(B, G, V))).astype(np.float32)
             if probs:
                 target = np.exp(target) / np.exp(target).sum(-1, keepdims=True)
                 draft = np.exp(draft) / np.exp(draft).sum(-1, keepdims=True)
             tokens = rng.integers(0, V, (B, G)).astype(np.int32)
-            lengths = np.array([0, 2, 4], np.int32)
+            lengths = np.array([0, 2, 4, 4, 4, 5], np.int32)      # request 5: LENGTH
+            target[3, 1, 5] = np.nan                               # TARGET_VALUES
+            draft[4] = 0.0 if probs else -np.inf                   # NO_MASS (draft rows; greedy: none)
+            tokens[2, 3] = V                                       # TOKEN_RANGE
             t16, d16 = target.astype(dtype), draft.astype(dtype)
-            gpu = verify(cp.asarray(tokens), cp.asarray(d16), cp.asarray(t16), method=method, probs=probs,
-                         seed=1, draft_lengths=cp.asarray(lengths))
             cpu = verify(tokens, d16.astype(np.float32), t16.astype(np.float32), method=method,
                          probs=probs, seed=1, draft_lengths=lengths)
-            mismatch = (gpu.tokens.get() != cpu.tokens).any()
-            print(f"V={V} {dtype} {method} probs={probs}: {'MISMATCH' if mismatch else 'ok'}", flush=True)
-            bad += int(mismatch)
+            for plan in plans:
+                gpu = verify(cp.asarray(tokens), cp.asarray(d16), cp.asarray(t16), method=method, probs=probs,
+                             seed=1, draft_lengths=cp.asarray(lengths), plan=plan)
+                mismatch = any((getattr(gpu, f).get() != getattr(cpu, f)).any()
+                               for f in ("tokens", "accepted", "emitted", "error"))
+                print(f"V={V} {dtype} {method} probs={probs} grid={plan.grid}: {'MISMATCH' if mismatch else 'ok'}",
+                      flush=True)
+                bad += int(mismatch)
 logits = rng.normal(size=(5, 300)).astype(np.float32)
 bad += int((sample_tokens(cp.asarray(logits), seed=2).get() != sample_tokens(logits, seed=2)).any())
 cp.cuda.Device().synchronize()

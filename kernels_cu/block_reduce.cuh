@@ -21,6 +21,16 @@ __device__ __forceinline__ SoftmaxStat combine(SoftmaxStat a, SoftmaxStat b) {
   return r;
 }
 
+// Sums of probabilities (already normalisable weights: no rescaling), with the largest value and
+// its first index.
+__device__ __forceinline__ SoftmaxStat combine_sum(SoftmaxStat a, SoftmaxStat b) {
+  SoftmaxStat r;
+  r.m = fmaxf(a.m, b.m);
+  r.s = a.s + b.s;
+  r.arg = (a.m > b.m || (a.m == b.m && a.arg < b.arg)) ? a.arg : b.arg;
+  return r;
+}
+
 // A race candidate: larger key wins, equal keys go to the lower index.
 struct RaceBest {
   float key;
@@ -63,9 +73,9 @@ __device__ __forceinline__ V block_reduce(V v, Op op, V* scratch) {
 struct CombineStat {
   __device__ SoftmaxStat operator()(SoftmaxStat a, SoftmaxStat b) const { return combine(a, b); }
 };
+struct CombineSum {
+  __device__ SoftmaxStat operator()(SoftmaxStat a, SoftmaxStat b) const { return combine_sum(a, b); }
+};
 struct BetterRace {
   __device__ RaceBest operator()(RaceBest a, RaceBest b) const { return better(a, b); }
-};
-struct OrInt {
-  __device__ int operator()(int a, int b) const { return a | b; }
 };

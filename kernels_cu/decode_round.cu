@@ -17,9 +17,6 @@
 // rows x 4-byte words). Nothing is shared between blocks.
 #include "sample_row.cuh"
 
-#define SS_PURPOSE_SAMPLE 2u  // specsample_cupy.philox.PURPOSE_SAMPLE (a GPU test compares the tokens)
-#define SS_STEP_ERR_VALUES 1u   // specsample_cupy.errors.TARGET_VALUES
-#define SS_STEP_ERR_NO_MASS 8u  // specsample_cupy.errors.NO_MASS
 
 struct Commit {  // copy `words` 4-byte words per row: present[r][src + w] -> cache[r][dst + w]
   const unsigned* present;
@@ -249,7 +246,7 @@ __global__ void __launch_bounds__(SS_THREADS) target_step_done(
                                                        SS_PURPOSE_SAMPLE, b, nullptr);
   if (threadIdx.x != 0) return;
   const long long L0 = seq_len[b];
-  const int error = was_done ? 0 : (token == -1 ? SS_STEP_ERR_VALUES : (token < 0 ? SS_STEP_ERR_NO_MASS : 0));
+  const int error = was_done ? 0 : (token == -1 ? SS_ERR_TARGET : (token < 0 ? SS_ERR_NO_MASS : 0));
   bool is_eos = false;
   for (int e = 0; e < n_eos; ++e) is_eos |= eos[e] == token;
   const int taken = !was_done && !error && limit[b] - L0 > 0;

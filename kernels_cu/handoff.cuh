@@ -1,27 +1,22 @@
 #pragma once
 
-// Hand-offs between blocks. The default is the classic pair: a full fence, then a relaxed
-// atomic (and volatile polling followed by a fence). With SS_FAST_HANDOFF the same orderings come
-// from a release/acquire atomic and acquire loads, which avoid the sequentially consistent fence.
+// Hand-offs between blocks: a full fence, then a relaxed atomic (and volatile polling followed by
+// a fence on the reading side).
 __device__ __forceinline__ int publish_add(int* p, int v) {  // release my earlier writes, then add
-#ifdef SS_FAST_HANDOFF
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-#else
   __threadfence();
   const int old = atomicAdd(p, v);
   __threadfence();
   return old;
-#endif
 }
-__device__ __forceinline__ int poll(const int* p) {  // acquire: later reads see what was published
-#ifdef SS_FAST_HANDOFF
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-#else
+__device__ __forceinline__ int poll(const int* p) {  // the caller fences after the value it waits for
   return *(volatile const int*)p;
-#endif
 }
 
+// The next work item of this block, broadcast to every thread: tickets are taken in increasing
+// order, so an item is only ever held by a block that is running. `slot` is a shared int; the
+// caller's barrier after the item protects it.
+__device__ __forceinline__ unsigned take_ticket(unsigned* ticket, int* slot) {
+  if (threadIdx.x == 0) *slot = (int)atomicAdd(ticket, 1u);
+  __syncthreads();
+  return (unsigned)*slot;
+}

@@ -2,8 +2,8 @@
 // key = (seed lo, seed hi); counter = (index >> 2, purpose << 16 | position, request, offset);
 // the random word is lane (index & 3) of the result.
 #pragma once
-
-#define SS_PURPOSE_ACCEPT 0u
+// SS_PURPOSE_* (the purpose field of the counter) are generated from specsample_cupy/philox.py.
+#include "codes.cuh"
 
 __device__ __forceinline__ uint4 philox4x32_10(uint4 c, unsigned k0, unsigned k1) {
 #pragma unroll

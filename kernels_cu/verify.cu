@@ -1,24 +1,39 @@
-// Fused speculative-sampling verification: softmax statistics, acceptance, first rejection and
-// residual/bonus sampling in ONE launch, for any batch size.
+// Fused speculative-sampling verification: row checks, softmax statistics, acceptance, first
+// rejection and residual/bonus sampling in ONE launch, for any batch size.
 //
-// Parallel decomposition. A persistent grid (no more blocks than fit on the GPU at once) walks a
-// list of work items with a grid stride. Items are ordered request by request:
-//   P1(b, row, slice)  one 256-thread block reduces a vocabulary slice of one row of request b to
-//                      online-softmax statistics (max, sum exp, first argmax), read once with
-//                      16-byte loads. Rows are the gamma+1 target rows then the gamma draft rows.
-//                      It publishes its partial and bumps the request's counter.
-//   P2(b, slice)       waits until every P1 item of request b is counted, combines the rows'
-//                      partials (one warp per row, into shared memory), finds the first rejection
-//                      n with warp 0 (one lane per draft position, ballot), then runs an
+// Parallel decomposition. A grid of 256-thread blocks (by default as many as fit on the GPU at
+// once; any number is correct) takes work items IN ORDER from an atomic ticket counter: a block
+// takes the next ticket, runs that item, takes the next, until the tickets run out. Items are
+// ordered request by request:
+//   P1(b, row, slice)  one block reduces a vocabulary slice of one active row of request b, read
+//                      once with 16-byte loads: NaN/+Inf (probabilities: also negative) checks and
+//                      the row statistics: online softmax (max, sum exp; greedy rows: max and first
+//                      argmax), for probabilities the sum of the valid entries (greedy rows: also
+//                      the first argmax), for sigmoid the maximum alone (the no-mass check). Rows
+//                      are the gamma+1 target rows then the gamma draft rows. It publishes its
+//                      partial and bumps the request's counter (inactive rows only bump it).
+//   P2(b, slice)       exact / probs / greedy: waits until every P1 item of request b is counted,
+//                      combines the rows' partials (one warp per row, into shared memory); sigmoid
+//                      starts at once (its acceptance needs no statistics). Then it finds the first
+//                      rejection n with warp 0 (one lane per draft position, ballot) and runs an
 //                      exponential race (argmax r_j / E_j, E_j ~ Exp(1) from Philox) over its slice
 //                      of row n: r = max(0, p - q) for a rejection, r = p for the bonus token.
 //                      The last P2 block of request b (atomic counter) reduces the slice winners
-//                      and writes accepted / emitted / tokens / error, then zeroes the counters.
+//                      (sigmoid: after waiting for the request's P1 items, whose checks decide its
+//                      errors) and writes accepted / emitted / tokens / error, then zeroes the
+//                      request's counters.
 // The race needs no prefix sum, so the residual is sampled by all slices in parallel and no
-// [gamma, V] probability, ratio or residual matrix is ever written. A P2 item only waits on P1
-// items that come earlier in the list and whose blocks are resident (grid <= occupancy), so the
-// wait always ends. Requests' row n was read moments before by P1, so its re-read hits L2.
-// MODE_SIGMOID has no P1 items: the paper's element-wise sigmoid needs no row statistics.
+// [gamma, V] probability, ratio or residual matrix is ever written. Requests' row n was read
+// moments before by P1, so its re-read hits L2.
+//
+// Progress does not depend on how many blocks are resident (another kernel on another stream,
+// MPS, a grid larger than the GPU holds): the only waits are P2 items (and sigmoid's finishing
+// block) waiting for P1 items of the same request, which come earlier in the item order and so
+// hold smaller tickets. A ticket is only ever held by a block that is running, and a P1 item never
+// waits, so every awaited item is in progress and finishes. Nothing waits for a P2 item. The
+// ticket counter, like the per-request counters, is left at zero (the block that takes the last
+// ticket resets it), so a call needs no memset.
+#include "codes.cuh"
 #include "philox.cuh"
 #include "block_reduce.cuh"
 #include "load.cuh"
@@ -28,15 +43,8 @@
 #define SS_MODE_PROBS 1
 #define SS_MODE_SIGMOID 2
 
-// Error codes, as in specsample_cupy/errors.py.
-#define SS_ERR_TARGET 1
-#define SS_ERR_DRAFT 2
-#define SS_ERR_TOKEN 4
-#define SS_ERR_NO_MASS 8
-#define SS_ERR_LENGTH 16
-#define SS_ERR_TEMPERATURE 32
-
 #define SS_INF __int_as_float(0x7f800000)
+#define SS_LOG2E 1.4426950408889634f
 
 __device__ __forceinline__ SoftmaxStat load_stat(const int* p) {
   SoftmaxStat s;
@@ -51,16 +59,25 @@ __device__ __forceinline__ void store_stat(int* p, SoftmaxStat s) {
   p[2] = s.arg;
 }
 
+// How partial row statistics combine: rescaled sums of exponentials, or plain sums of probabilities.
+template <int MODE> struct RowCombine { typedef CombineStat type; };
+template <> struct RowCombine<SS_MODE_PROBS> { typedef CombineSum type; };
+
+// What P1 computes over a slice: softmax statistics, max + first argmax (greedy rows), or the
+// maximum alone (sigmoid: only the checks and the no-mass test).
+enum ScanKind { SCAN_STATS, SCAN_ARGMAX, SCAN_CHECK };
+
 struct Request {
   int L;         // draft tokens to verify, in [0, G]
-  float inv_t;   // 1 / temperature (1 for greedy requests)
-  bool greedy;   // temperature 0: accept while the draft is the target's argmax
+  float inv_t;   // 1 / temperature (1 for greedy requests and bad temperatures)
+  bool greedy;   // accept while the draft is the target's argmax; draft rows are not read
   int errs;
 };
 
 template <class T, class TOK, int VEC, int MODE>
 struct Verifier {
   typedef typename T::storage S;
+  typedef typename RowCombine<MODE>::type Combine;
   // 16-byte loads in flight per thread in P1 (fewer for 16-bit probabilities: they would spill).
   static constexpr int LOADS = VEC == 4 ? 8 : (MODE == SS_MODE_PROBS ? 2 : 4);
 
@@ -70,6 +87,7 @@ struct Verifier {
   const int* lengths;
   const float* temps;
   float temp_scalar;
+  bool greedy_all;
   unsigned long long seed;
   unsigned offset;
   float sig_offset, sig_inv_scale;
@@ -79,16 +97,27 @@ struct Verifier {
   SoftmaxStat* rows;  // shared: the combined statistics of every row of the current P2 request
   int *accepted, *emitted, *error, *tokens;
 
+  // Temperature rules (the same in specsample_cupy/reference.py): negative or non-finite, or 0 for
+  // sigmoid (no greedy mode), is an error and the request is then checked at temperature 1;
+  // 0 otherwise means greedy; greedy_all (method "greedy") makes every request greedy.
   __device__ __forceinline__ Request request(int b) const {
     Request rq;
     rq.errs = 0;
     float t = temps ? temps[b] : temp_scalar;
-    if (!(t >= 0.f && t < SS_INF)) { rq.errs |= SS_ERR_TEMPERATURE; t = 1.f; }
-    rq.greedy = MODE != SS_MODE_SIGMOID && t == 0.f;
-    rq.inv_t = t == 0.f ? 1.f : 1.f / t;
+    if (!(t >= 0.f && t < SS_INF) || (MODE == SS_MODE_SIGMOID && t == 0.f)) {
+      rq.errs |= SS_ERR_TEMPERATURE;
+      t = 1.f;
+    }
+    rq.greedy = greedy_all || (MODE != SS_MODE_SIGMOID && t == 0.f);
+    rq.inv_t = rq.greedy ? 1.f : 1.f / t;
     rq.L = lengths ? lengths[b] : G;
     if (rq.L < 0 || rq.L > G) { rq.errs |= SS_ERR_LENGTH; rq.L = min(max(rq.L, 0), G); }
     return rq;
+  }
+
+  // Rows read for request b: target rows 0..L, and draft rows 0..L-1 unless the request is greedy.
+  __device__ __forceinline__ bool row_active(const Request& rq, bool is_target, int i) const {
+    return is_target ? i <= rq.L : (i < rq.L && !rq.greedy);
   }
 
   __device__ const S* target_row(int b, int i) const { return target + ((long long)b * (G + 1) + i) * V; }
@@ -100,14 +129,15 @@ struct Verifier {
     if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) atomicOr(err + b, code);
   }
 
-  // ---- P1: statistics of one vocabulary slice of one row -------------------------------------
+  // ---- P1: checks and statistics of one vocabulary slice of one row --------------------------
   // Per element: one compare for NaN/+Inf, a max, and for sampling rows one FFMA + ex2 + add
   // (exp(x / T - m) = 2^(x c - m c) with c = log2(e) / T); greedy rows track the first argmax and
   // skip the exponentials. The running maximum is kept in raw logit units and scaled at the end.
-  template <bool ARGMAX>
+  // Probabilities: a range check and a sum of the valid entries (greedy rows: also the argmax).
+  template <int KIND>
   __device__ __forceinline__ void scan_slice(const S* row, int lo, int hi, float inv_t, SoftmaxStat& st, bool& bad) const {
     constexpr int STEP = SS_THREADS * VEC;
-    const float c = inv_t * 1.4426950408889634f;
+    const float c = inv_t * SS_LOG2E;
     float m = -SS_INF;
     for (int base = lo + threadIdx.x * VEC; base < hi; base += LOADS * STEP) {
       float v[LOADS][VEC];
@@ -120,30 +150,39 @@ struct Verifier {
           for (int e = 0; e < VEC; ++e) v[u][e] = MODE == SS_MODE_PROBS ? 0.f : -SS_INF;
         }
       }
+      float gm = -SS_INF;
+      int garg = 0x7fffffff;
       if constexpr (MODE == SS_MODE_PROBS) {
 #pragma unroll
         for (int u = 0; u < LOADS; ++u)
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
-            bad |= !(v[u][e] >= 0.f && v[u][e] < SS_INF);
-            st.s += v[u][e];
+            const bool ok = v[u][e] >= 0.f && v[u][e] < SS_INF;
+            bad |= !ok;
+            st.s += ok ? v[u][e] : 0.f;
+            if constexpr (KIND == SCAN_ARGMAX) {
+              if (v[u][e] > gm) { gm = v[u][e]; garg = base + u * STEP + e; }
+            }
           }
+        if constexpr (KIND == SCAN_ARGMAX) {
+          if (gm > m) { m = gm; st.arg = garg; }
+        }
       } else {
-        float gm = -SS_INF;
-        int garg = 0x7fffffff;
 #pragma unroll
         for (int u = 0; u < LOADS; ++u)
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
             bad |= !(v[u][e] < SS_INF);
-            if constexpr (ARGMAX) {
+            if constexpr (KIND == SCAN_ARGMAX) {
               if (v[u][e] > gm) { gm = v[u][e]; garg = base + u * STEP + e; }
             } else {
               gm = fmaxf(gm, v[u][e]);
             }
           }
-        if constexpr (ARGMAX) {
+        if constexpr (KIND == SCAN_ARGMAX) {
           if (gm > m) { m = gm; st.arg = garg; }
+        } else if constexpr (KIND == SCAN_CHECK) {
+          m = fmaxf(m, gm);
         } else {
           if (gm > m) {
             st.s *= ex2_approx((m - gm) * c);
@@ -159,23 +198,25 @@ struct Verifier {
         }
       }
     }
-    if constexpr (MODE != SS_MODE_PROBS) st.m = m * inv_t;
+    // Logits: the maximum in temperature-scaled units; probabilities: the largest value (greedy
+    // rows; -inf otherwise). A row with no entry > -inf keeps m = -inf: no mass.
+    st.m = MODE == SS_MODE_PROBS ? m : m * inv_t;
   }
 
   __device__ __forceinline__ void phase1(int b, int r, int s, SoftmaxStat* red) const {
     const Request rq = request(b);
     const bool is_target = r <= G;
     const int i = is_target ? r : r - G - 1;
-    const bool active = is_target ? i <= rq.L : (i < rq.L && !rq.greedy);
-    if (active) {
-      SoftmaxStat st = {MODE == SS_MODE_PROBS ? 0.f : -SS_INF, 0.f, 0x7fffffff};
+    if (row_active(rq, is_target, i)) {
+      SoftmaxStat st = {-SS_INF, 0.f, 0x7fffffff};
       bool bad = false;
       const int lo = s * C1, hi = min(V, lo + C1);
       const S* row = is_target ? target_row(b, i) : draft_row(b, i);
-      if (rq.greedy) scan_slice<true>(row, lo, hi, rq.inv_t, st, bad);
-      else scan_slice<false>(row, lo, hi, rq.inv_t, st, bad);
+      if constexpr (MODE == SS_MODE_SIGMOID) scan_slice<SCAN_CHECK>(row, lo, hi, rq.inv_t, st, bad);
+      else if (rq.greedy) scan_slice<SCAN_ARGMAX>(row, lo, hi, rq.inv_t, st, bad);
+      else scan_slice<SCAN_STATS>(row, lo, hi, rq.inv_t, st, bad);
       flag_bad(bad, b, is_target ? SS_ERR_TARGET : SS_ERR_DRAFT);
-      st = block_reduce(st, CombineStat(), red);
+      st = block_reduce(st, Combine(), red);
       if (threadIdx.x == 0) store_stat(part + ((long long)(b * R + r) * S1 + s) * 3, st);
     }
     // Only thread 0 wrote; its fence publishes the partial before the count that announces it.
@@ -184,23 +225,48 @@ struct Verifier {
     }
   }
 
-  // P2, after the wait: combine each active row's slice statistics into shared memory, one warp
-  // per row. Returns (via *no_mass) whether an active row has no probability mass.
+  // Wait until every P1 item of request b is counted (they hold smaller tickets: see the header).
+  // Warp 0 spins in lock-step (lane 0 reads, the value is broadcast) so the warp reaches the
+  // caller's barrier converged; a lone spinning lane would let its warp arrive at the barrier split.
+  __device__ __forceinline__ void wait_rows(int b) const {
+    if (threadIdx.x < 32) {
+      const int items = R * S1;
+      int ready;
+      do {
+        ready = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? poll(req_ctr + b) : 0, 0);
+        if (ready < items) __nanosleep(32);
+      } while (ready < items);
+      __threadfence();
+    }
+  }
+
+  // After the wait: combine each active row's slice statistics into shared memory, one warp per
+  // row. Sets *no_mass when an active row has no probability mass (logits, sigmoid: no entry
+  // > -inf; probabilities: the valid entries sum to 0).
   __device__ __forceinline__ void combine_rows(int b, const Request& rq, int* no_mass) const {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int r = warp; r < R; r += SS_WARPS) {
       const bool is_target = r <= G;
       const int i = is_target ? r : r - G - 1;
-      if (!(is_target ? i <= rq.L : (i < rq.L && !rq.greedy))) continue;
-      SoftmaxStat st = {MODE == SS_MODE_PROBS ? 0.f : -SS_INF, 0.f, 0x7fffffff};
+      if (!row_active(rq, is_target, i)) continue;
+      SoftmaxStat st = {-SS_INF, 0.f, 0x7fffffff};
       const int* rp = part + (long long)(b * R + r) * S1 * 3;
-      for (int k = lane; k < S1; k += 32) st = combine(st, load_stat(rp + 3 * k));
-      st = warp_reduce(st, CombineStat());
+      for (int k = lane; k < S1; k += 32) st = Combine()(st, load_stat(rp + 3 * k));
+      st = warp_reduce(st, Combine());
       if (lane == 0) {
         rows[r] = st;
         if (MODE == SS_MODE_PROBS ? !(st.s > 0.f) : st.m == -SS_INF) *no_mass = 1;
       }
     }
+  }
+
+  // Waits for request b's P1 items and combines its rows; sh[4] = no mass. Every thread calls it.
+  __device__ __forceinline__ void gather_rows(int b, const Request& rq, int* sh) const {
+    wait_rows(b);
+    if (threadIdx.x == 0) sh[4] = 0;
+    __syncthreads();
+    combine_rows(b, rq, sh + 4);
+    __syncthreads();
   }
 
   // ---- P2: acceptance and the race over one slice of the emitted row -------------------------
@@ -251,7 +317,8 @@ struct Verifier {
   }
 
   // Warp 0: first rejected position (or L) and request-level errors. `first` holds this lane's
-  // gathered position `lane` (positions 32.. are gathered here).
+  // gathered position `lane` (positions 32.. are gathered here). Every id among the first L drafts
+  // is range-checked, also past the first rejection.
   __device__ __forceinline__ void first_rejection(int b, const Request& rq, const Gathered& first,
                                                   int* s_n, int* s_err) const {
     if (threadIdx.x >= 32) return;
@@ -261,14 +328,19 @@ struct Verifier {
       const int i = base + lane;
       bool reject = false;
       if (i < rq.L) {
-        const Gathered g = base == 0 ? first : gather(b, i, rq);
-        if (!g.in_range) { errs |= SS_ERR_TOKEN; reject = true; }
-        else reject = !accepts(b, i, g, rq);
+        if (n == rq.L) {  // warp-uniform: no rejection yet
+          const Gathered g = base == 0 ? first : gather(b, i, rq);
+          if (!g.in_range) { errs |= SS_ERR_TOKEN; reject = true; }
+          else reject = !accepts(b, i, g, rq);
+        } else {
+          const long long x = (long long)draft_tokens[(long long)b * G + i];
+          if (x < 0 || x >= V) errs |= SS_ERR_TOKEN;
+        }
       }
-      errs = __reduce_or_sync(0xffffffffu, errs);
       const unsigned m = __ballot_sync(0xffffffffu, reject);
-      if (m) { n = base + __ffs(m) - 1; break; }
+      if (m && n == rq.L) n = base + __ffs(m) - 1;
     }
+    errs = __reduce_or_sync(0xffffffffu, errs);
     if (lane == 0) { *s_n = n; *s_err = errs; }
   }
 
@@ -276,32 +348,13 @@ struct Verifier {
     const Request rq = request(b);
     Gathered first = {0, 0.f, 0.f, 0.f, false};
     if (threadIdx.x < 32) first = gather(b, threadIdx.x, rq);
-    if constexpr (MODE != SS_MODE_SIGMOID) {
-      // Warp 0 spins in lock-step (lane 0 reads, the value is broadcast) so the warp reaches the
-      // barrier converged; a lone spinning lane would let its warp arrive at the barrier split.
-      if (threadIdx.x < 32) {
-        const int items = R * S1;
-        int ready;
-        do {
-          ready = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? poll(req_ctr + b) : 0, 0);
-          if (ready < items) __nanosleep(32);
-        } while (ready < items);
-#ifndef SS_FAST_HANDOFF
-        __threadfence();
-#endif
-      }
-      if (threadIdx.x == 0) sh[4] = 0;
-      __syncthreads();
-      combine_rows(b, rq, sh + 4);
-      __syncthreads();
-    }
+    if constexpr (MODE != SS_MODE_SIGMOID) gather_rows(b, rq, sh);
     first_rejection(b, rq, first, sh + 0, sh + 1);
     __syncthreads();
     const int n = sh[0];
     const int errs = sh[1] | (MODE != SS_MODE_SIGMOID ? __ldcg(err + b) | (sh[4] ? SS_ERR_NO_MASS : 0) : 0);
 
     RaceBest res = {-1.f, 0x7fffffff}, pb = {-1.f, 0x7fffffff};
-    bool bad = false;
     if (!errs && !rq.greedy) {
       const bool bonus = n >= rq.L;
       const S* zrow = target_row(b, n);
@@ -312,8 +365,8 @@ struct Verifier {
         if (!bonus) sq = rows[G + 1 + n];
       }
       const float inv_sp = 1.f / sp.s, inv_sq = 1.f / sq.s;
-      const float c = rq.inv_t * 1.4426950408889634f;
-      const float mcp = sp.m * 1.4426950408889634f, mcq = sq.m * 1.4426950408889634f;
+      const float c = rq.inv_t * SS_LOG2E;
+      const float mcp = sp.m * SS_LOG2E, mcq = sq.m * SS_LOG2E;
       const PhiloxStream ps(seed, offset, b, n, race_purpose);
       const int lo = s * C2, hi = min(V, lo + C2);
       for (int base = lo + threadIdx.x * VEC; base < hi; base += SS_THREADS * VEC) {
@@ -323,10 +376,6 @@ struct Verifier {
         race_variates<VEC>(ps, base, e);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          if constexpr (MODE == SS_MODE_SIGMOID) {
-            bad |= (z[k] != z[k]) || (z[k] == SS_INF);
-            if (!bonus) bad |= (y[k] != y[k]) || (y[k] == SS_INF);
-          }
           const float wp = weight(z[k], rq.inv_t, c, mcp, inv_sp);
           const float wq = bonus ? 0.f : weight(y[k], rq.inv_t, c, mcq, inv_sq);
           const float kr = wp - wq > 0.f ? __fdividef(wp - wq, e[k]) : -1.f;
@@ -336,7 +385,6 @@ struct Verifier {
         }
       }
     }
-    if constexpr (MODE == SS_MODE_SIGMOID) flag_bad(bad, b, SS_ERR_TARGET);
     res = block_reduce(res, BetterRace(), red);
     pb = block_reduce(pb, BetterRace(), red);
     if (threadIdx.x == 0) {
@@ -352,6 +400,8 @@ struct Verifier {
 
   // Last P2 block of request b: reduce the slices' winners and write the outputs.
   __device__ __forceinline__ void finish(int b, const Request& rq, int n, RaceBest* red, int* sh) const {
+    // Sigmoid: the request's row checks (its P1 items, smaller tickets) decide its errors.
+    if constexpr (MODE == SS_MODE_SIGMOID) gather_rows(b, rq, sh);
     RaceBest res = {-1.f, 0x7fffffff}, pb = {-1.f, 0x7fffffff};
     for (int k = threadIdx.x; k < S2; k += SS_THREADS) {
       const int* c = cand + ((long long)b * S2 + k) * 4;
@@ -361,12 +411,12 @@ struct Verifier {
     res = block_reduce(res, BetterRace(), red);
     pb = block_reduce(pb, BetterRace(), red);
     if (threadIdx.x == 0) {
-      int errs = sh[1] | __ldcg(err + b) | (MODE != SS_MODE_SIGMOID && sh[4] ? SS_ERR_NO_MASS : 0);
+      int errs = sh[1] | __ldcg(err + b) | (sh[4] ? SS_ERR_NO_MASS : 0);
       int token = -1;
       if (!errs) {
         if (rq.greedy) token = rows[n].arg;
         else token = res.key > 0.f ? res.idx : (pb.key > 0.f ? pb.idx : -1);
-        if (token < 0) errs |= SS_ERR_NO_MASS;
+        if (token < 0) errs |= SS_ERR_NO_MASS;  // no positive weight in row n (float underflow)
       }
       sh[3] = token;
       sh[1] = errs;
@@ -389,28 +439,29 @@ struct Verifier {
 template <class T, class TOK, int VEC, int MODE>
 __global__ void __launch_bounds__(SS_THREADS, MODE == SS_MODE_PROBS ? 3 : 4) verify_kernel(
     const TOK* draft_tokens, const typename T::storage* draft, const typename T::storage* target,
-    const int* lengths, const float* temps, float temp_scalar,
+    const int* lengths, const float* temps, float temp_scalar, int greedy_all,
     unsigned long long seed, const long long* seed_ptr, unsigned long long offset, const long long* offset_ptr,
     float sig_offset, float sig_scale, unsigned race_purpose,
     int B, int G, int V, int S1, int C1, int S2, int C2, int lag_requests,
     int* ws, long long part_off, long long cand_off, int* out) {
   __shared__ SoftmaxStat red_stat[SS_WARPS];
   __shared__ RaceBest red_race[SS_WARPS];
-  __shared__ int sh[5];
+  __shared__ int sh[6];  // n, errors, last-block flag, token, no mass, ticket
   extern __shared__ int dynamic_smem[];  // R SoftmaxStat: the combined rows in P2
   Verifier<T, TOK, VEC, MODE> v;
   v.draft_tokens = draft_tokens; v.draft = draft; v.target = target;
-  v.lengths = lengths; v.temps = temps; v.temp_scalar = temp_scalar;
+  v.lengths = lengths; v.temps = temps; v.temp_scalar = temp_scalar; v.greedy_all = greedy_all != 0;
   v.seed = seed_ptr ? (unsigned long long)*seed_ptr : seed;
   v.offset = (unsigned)(offset_ptr ? (unsigned long long)*offset_ptr : offset);
   v.sig_offset = sig_offset; v.sig_inv_scale = 1.f / sig_scale; v.race_purpose = race_purpose;
   v.B = B; v.G = G; v.V = V; v.S1 = S1; v.C1 = C1; v.S2 = S2; v.C2 = C2;
-  v.R = MODE == SS_MODE_SIGMOID ? 0 : 2 * G + 1;
+  v.R = 2 * G + 1;
   const int R = v.R;
   v.req_ctr = ws; v.fin_ctr = ws + B; v.err = ws + 2 * B;
   v.part = ws + part_off; v.cand = ws + cand_off;
   v.rows = reinterpret_cast<SoftmaxStat*>(dynamic_smem);
   v.accepted = out; v.emitted = out + B; v.error = out + 2 * B; v.tokens = out + 3 * B;
+  unsigned* ticket = reinterpret_cast<unsigned*>(ws + 3 * B);
 
   // Item order: group g holds the P1 items of request g, then the P2 items of request g - lag.
   // The lag (in requests, about a wave of the grid) lets a request's rows finish before blocks
@@ -418,7 +469,14 @@ __global__ void __launch_bounds__(SS_THREADS, MODE == SS_MODE_PROBS ? 3 : 4) ver
   const long long A = (long long)R * S1;
   const int lag = min(lag_requests, B);
   const long long region_a = lag * A, region_b = (B - lag) * (A + S2), total = region_a + region_b + (long long)lag * S2;
-  for (long long item = blockIdx.x; item < total; item += gridDim.x) {
+  for (;;) {
+    const long long item = take_ticket(ticket, sh + 5);
+    if (item >= total) {
+      // Every block ends on exactly one ticket past the last item; the block holding the very last
+      // ticket is the last to touch the counter, and leaves it at zero for the next launch.
+      if (threadIdx.x == 0 && item == total + gridDim.x - 1) atomicExch(ticket, 0u);
+      return;
+    }
     int b;
     long long k;
     bool first_phase;
@@ -437,6 +495,6 @@ __global__ void __launch_bounds__(SS_THREADS, MODE == SS_MODE_PROBS ? 3 : 4) ver
     }
     if (first_phase) v.phase1(b, (int)(k / S1), (int)(k % S1), red_stat);
     else v.phase2(b, (int)k, red_race, sh);
-    __syncthreads();  // shared flags are reused by the next item
+    __syncthreads();  // shared flags and the ticket slot are reused by the next item
   }
 }

@@ -2,11 +2,14 @@
 
 Device time: CUDA events around each call (median), with the calls queued behind a busy kernel
 so the events time GPU work rather than host launch gaps. Wall time: host clock around each
-call including reading `accepted` back to the host (median). Inputs rotate among enough copies to
-exceed twice the L2 cache, so no call reads logits that the previous call left in cache.
-Bandwidth: the bytes the method must read (exact/baseline: every active logit row of both
-models once; sigmoid: the two rows at the emitted position) over the device time, and that as
-a fraction of the device-to-device copy bandwidth measured in the same run.
+call including reading `accepted` back to the host (median). Inputs rotate, call after call (warm-up,
+timed and wall-clock calls of every method alike), through enough copies to hold at least twice the
+device's L2 cache (queried: `l2CacheSize`), so between two reads of one byte of input at least
+2 x L2 of other input bytes are read (a single set that large rotates through itself): no call reads
+logits that an earlier call left in cache.
+Bandwidth: the bytes the method must read (every active logit row of both models once: exact and
+baseline for the statistics, sigmoid for its NaN/Inf and no-mass checks) over the device time, and
+that as a fraction of the device-to-device copy bandwidth measured in the same run.
 """
 import itertools
 import time
@@ -15,7 +18,27 @@ import numpy as np
 
 from specsample_cupy.verify import verify
 
-L2_ROTATE_BYTES = 160 * 2 ** 20
+L2_FALLBACK_BYTES = 60 * 2 ** 20   # H200; used only when the device does not report its L2 size
+
+
+def l2_bytes(cp):
+    """The current device's L2 cache size in bytes."""
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    return int(props.get("l2CacheSize") or L2_FALLBACK_BYTES)
+
+
+class InputRing(list):
+    """Input sets (tokens, draft, target), taken in turn by next(): consecutive uses of one set
+    are len(self) calls apart, and len(self) sets hold at least `rotate_bytes` together."""
+
+    def __init__(self, sets, rotate_bytes):
+        super().__init__(sets)
+        self.rotate_bytes, self.cursor = rotate_bytes, 0
+
+    def next(self):
+        item = self[self.cursor % len(self)]
+        self.cursor += 1
+        return item
 
 
 def copy_bandwidth(cp, nbytes=2 * 2 ** 30, reps=20):
@@ -34,23 +57,27 @@ def copy_bandwidth(cp, nbytes=2 * 2 ** 30, reps=20):
 
 
 def must_read_bytes(method, B, G, V, itemsize):
-    rows = 2 if method == "sigmoid" else 2 * G + 1
-    return B * rows * V * itemsize
+    return B * (2 * G + 1) * V * itemsize
 
 
-def make_inputs(cp, B, G, V, dtype, seed=0):
-    """A list of (tokens, draft, target) input sets; together larger than L2_ROTATE_BYTES."""
-    per_set = B * (2 * G + 1) * V * np.dtype(dtype).itemsize
-    copies = int(min(16, max(1, -(-L2_ROTATE_BYTES // per_set))))
+def make_inputs(cp, B, G, V, dtype, seed=0, rotate_bytes=None):
+    """An InputRing of (tokens, draft, target) input sets (one random set, copied to distinct
+    buffers) that together hold at least rotate_bytes (default: twice the device's L2 cache)."""
+    rotate_bytes = 2 * l2_bytes(cp) if rotate_bytes is None else rotate_bytes
+    per_set = B * (2 * G + 1) * V * np.dtype(dtype).itemsize + B * G * 4
+    copies = int(max(1, -(-rotate_bytes // per_set)))
     rs = cp.random.RandomState(seed)
-    out = []
-    for _ in range(copies):
-        target = (rs.standard_normal((B, G + 1, V), dtype=cp.float32) * 2).astype(dtype)
-        draft = (0.8 * target[:, :G].astype(cp.float32)
-                 + 0.4 * rs.standard_normal((B, G, V), dtype=cp.float32)).astype(dtype)
-        tokens = rs.randint(0, V, (B, G)).astype(cp.int32)
-        out.append((tokens, draft, target))
-    return out
+    target = (rs.standard_normal((B, G + 1, V), dtype=cp.float32) * 2).astype(dtype)
+    draft = (0.8 * target[:, :G].astype(cp.float32)
+             + 0.4 * rs.standard_normal((B, G, V), dtype=cp.float32)).astype(dtype)
+    tokens = rs.randint(0, V, (B, G)).astype(cp.int32)
+    sets = [(tokens, draft, target)] + [tuple(a.copy() for a in (tokens, draft, target)) for _ in range(copies - 1)]
+    return InputRing(sets, rotate_bytes)
+
+
+def _next_input(inputs, k):
+    """The next input set: in turn from an InputRing; a plain list is indexed k % len."""
+    return inputs.next() if isinstance(inputs, InputRing) else inputs[k % len(inputs)]
 
 
 _SPIN = r"""
@@ -74,20 +101,20 @@ def time_method(cp, method, inputs, reps, temperature=1.0):
     reading `accepted` to the host)."""
     stream = cp.cuda.get_current_stream()
     for k in range(3):
-        verify(*inputs[k % len(inputs)], method=method, temperature=temperature, seed=1, offset=k).accepted.get()
+        verify(*_next_input(inputs, k), method=method, temperature=temperature, seed=1, offset=k).accepted.get()
     starts = [cp.cuda.Event() for _ in range(reps)]
     ends = [cp.cuda.Event() for _ in range(reps)]
     hold_device(cp, 0.002 + reps * 200e-6)
     for k in range(reps):
         starts[k].record(stream)
-        verify(*inputs[k % len(inputs)], method=method, temperature=temperature, seed=1, offset=k)
+        verify(*_next_input(inputs, k), method=method, temperature=temperature, seed=1, offset=k)
         ends[k].record(stream)
     ends[-1].synchronize()
     device = [cp.cuda.get_elapsed_time(s, e) * 1e-3 for s, e in zip(starts, ends)]
     wall = []
     for k in range(reps):
         t0 = time.perf_counter()
-        verify(*inputs[k % len(inputs)], method=method, temperature=temperature, seed=2, offset=k).accepted.get()
+        verify(*_next_input(inputs, k), method=method, temperature=temperature, seed=2, offset=k).accepted.get()
         wall.append(time.perf_counter() - t0)
     return float(np.median(device)), float(np.median(wall))
 

@@ -15,6 +15,11 @@ PURPOSE_ACCEPT = 0    # u_i for the acceptance test at draft position i
 PURPOSE_RESIDUAL = 1  # exponential race at the emitted position of verify()
 PURPOSE_SAMPLE = 2    # exponential race of sample_tokens()
 
+# Every purpose by name: the kernels get them as the macros SS_PURPOSE_<NAME> from the header that
+# specsample_cupy.kernels generates for `#include "codes.cuh"` (this module is their one definition).
+PURPOSES = {name[len("PURPOSE_"):]: value for name, value in dict(globals()).items()
+            if name.startswith("PURPOSE_") and isinstance(value, int)}
+
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
 _MASK32 = 0xFFFFFFFF

@@ -19,6 +19,8 @@ class VerifyResult:
     tokens [B, gamma+1]: the accepted drafts, then the resampled or bonus token, then -1 padding.
     emitted [B]: accepted + 1 (0 where error != 0).
     error [B]: 0, or a bit set of specsample_cupy.errors codes; the request's tokens are all -1.
+        verify() returns the codes on both backends and raises nothing for them (its docstring
+        lists the rules); check() raises.
 
     All four live in one buffer [accepted | emitted | error | tokens]; views are made on first use.
     """
@@ -121,9 +123,23 @@ def _per_request(value, xp, B, arg, dtype):
     return xp.ascontiguousarray(value, dtype=dtype), None
 
 
+def _check_seed(arg, v, xp):
+    """seed / offset: an int, or (CuPy) a one-element int64 device array that the kernel reads when
+    it runs (so a captured CUDA graph replays with the array's new value)."""
+    if isinstance(v, (int, Integral)):
+        return
+    if xp is not np and isinstance(v, xp.ndarray):
+        if v.size != 1 or v.dtype != xp.int64:
+            raise TypeError(f"{arg} as a device array must be a one-element int64 CuPy array, got shape "
+                            f"{v.shape} dtype {v.dtype} (the kernel reads 8 bytes; convert it once before "
+                            "capturing a graph, since a converted copy would not follow later writes)")
+        return
+    raise TypeError(f"{arg} must be an int (or a one-element int64 CuPy array), got {type(v).__name__}")
+
+
 def verify(draft_tokens, draft_logits, target_logits, *, method="exact", temperature=1.0, seed=0,
            offset=0, draft_lengths=None, probs=False, sigmoid_offset=SIGMOID_OFFSET,
-           sigmoid_scale=SIGMOID_SCALE, logits_dtype=None, _race_purpose=PURPOSE_RESIDUAL):
+           sigmoid_scale=SIGMOID_SCALE, logits_dtype=None, plan=None, _race_purpose=PURPOSE_RESIDUAL):
     """Verify gamma draft tokens per request against the target model.
 
     Args:
@@ -133,22 +149,51 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
         method: "exact" (fused kernel, exact in distribution), "sigmoid" (the paper's element-wise
             sigmoid in place of softmax; approximate), "baseline" (op-by-op, as Hugging Face
             assisted generation), "greedy" (accept while the draft is the target's argmax).
-        temperature: scalar or [B] array; divides both models' logits; 0 means greedy.
+        temperature: scalar or [B] float array; divides both models' logits (see "Temperature 0").
         seed, offset: key the Philox random numbers (ints, or one-element int64 CuPy arrays so a
             captured CUDA graph can be replayed with new values; call verify() once with the same
             shapes on the same stream before capturing, so its launch plan and workspace exist).
             Use a new offset every step.
         draft_lengths: None or [B] int array; request b verifies only its first draft_lengths[b]
             drafts (0..gamma), later positions are ignored.
-        probs: the two arrays already hold probabilities (temperature must be 1).
+        probs: the two arrays already hold probabilities (temperature must be the scalar 1).
         sigmoid_offset, sigmoid_scale: p~ = sigmoid((z - offset) / scale) for method="sigmoid".
         logits_dtype: "bfloat16" to read uint16 arrays as bfloat16 (CuPy has no bfloat16 dtype).
+        plan: None or a specsample_cupy.kernels.PlanOptions: explicit launch-plan parameters of the
+            CuPy kernels (tuning, tests, line info for compute-sanitizer); the result does not
+            depend on them except through the vocabulary slicing's float rounding. Ignored by
+            NumPy inputs and by method="baseline".
 
     Returns:
         VerifyResult(accepted [B], tokens [B, gamma+1], emitted [B], error [B]), int32 arrays of
-        the input's module. NumPy: raises ValueError on bad values. CuPy: enqueued on the current
-        stream with no host synchronisation; bad requests get error != 0 and tokens -1 (call
-        .check() to raise).
+        the input's module. CuPy: enqueued on the current stream with no host synchronisation.
+
+    Bad requests (the same for every method, on NumPy and on CuPy). A value problem in one request
+    never raises and never yields a token: verify() returns, for every request b, error[b] = the OR
+    of the specsample_cupy.errors codes below (0 when none), computed identically by the CPU
+    reference and the kernels; a request with error[b] != 0 has accepted[b] = -1, emitted[b] = 0
+    and tokens[b] all -1, and the other requests are unaffected. VerifyResult.check() (or
+    errors.raise_if_any(result.error) on a host copy) raises ValueError naming the requests.
+    With L = draft_lengths[b] clamped to [0, gamma], the rows checked ("active") are the target
+    rows 0..L and, unless the request is greedy, the draft rows 0..L-1; nothing else is read.
+        TARGET_VALUES / DRAFT_VALUES: an active row holds NaN or +Inf (probs=True: NaN, a
+            negative value or +Inf).
+        NO_MASS: an active row has no entry > -Inf (probs=True: no entry in (0, +Inf)); also when
+            the final race finds no positive weight (float underflow of a sigmoid row).
+        TOKEN_RANGE: one of draft_tokens[b, :L] is outside [0, V).
+        LENGTH: draft_lengths[b] is outside [0, gamma] (the request is checked with L clamped).
+        TEMPERATURE: a per-request temperature[b] is negative or not finite, or is 0 for
+            "sigmoid" or "baseline" (no greedy mode); the request is checked at temperature 1.
+    Argument errors raise at once on both backends: ValueError/TypeError naming the argument for
+    shapes, dtypes, gamma mismatches, a bad scalar temperature (negative, not finite, or 0 for
+    "sigmoid"/"baseline"), probs=True with a temperature other than the scalar 1, bad seed/offset
+    or bad draft_lengths shape.
+
+    Temperature 0. "exact": a scalar 0 makes every request greedy, temperature[b] = 0 request b
+    (accept while the draft is the target's argmax, emit the target's argmax; its draft rows are
+    not read). "greedy": every request is greedy whatever its temperature (a per-request value
+    must still be finite and >= 0, else TEMPERATURE). "sigmoid", "baseline": a scalar 0 raises
+    ValueError; temperature[b] = 0 sets TEMPERATURE for request b.
 
     Example:
         >>> res = verify(tok, q_logits, p_logits, temperature=0.8, seed=1, offset=step)
@@ -173,28 +218,25 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
             raise TypeError("draft_lengths must be a [B] integer array")
     if probs and (temps is not None or temp_scalar != 1 or method == "sigmoid"):
         raise ValueError("probs=True needs temperature=1 and a method other than 'sigmoid'")
-    if method == "sigmoid" and temps is None and temp_scalar == 0:
-        raise ValueError("method='sigmoid' needs temperature > 0; use method='greedy'")
-    if method == "baseline" and temps is None and temp_scalar == 0:
-        raise ValueError("method='baseline' needs temperature > 0; use method='greedy'")
+    if method in ("sigmoid", "baseline") and temps is None and temp_scalar == 0:
+        raise ValueError(f"method={method!r} needs temperature > 0; use method='greedy'")
     if not sigmoid_scale > 0:
         raise ValueError(f"sigmoid_scale must be > 0, got {sigmoid_scale}")
     for arg, v in (("seed", seed), ("offset", offset)):
-        if not isinstance(v, (int, Integral)) and not (xp is not np and isinstance(v, xp.ndarray) and v.size == 1):
-            raise TypeError(f"{arg} must be an int (or a one-element int64 CuPy array)")
-    if method == "greedy":
-        temps, temp_scalar = None, 0.0
+        _check_seed(arg, v, xp)
+    if plan is not None:
+        from specsample_cupy.kernels import PlanOptions
+        if not isinstance(plan, PlanOptions):
+            raise TypeError(f"plan must be None or a specsample_cupy.kernels.PlanOptions, got {type(plan).__name__}")
     mode = "probs" if probs else ("sigmoid" if method == "sigmoid" else "logits")
 
     if draft_tokens.dtype.char not in "il":
         draft_tokens = draft_tokens.astype(xp.int64)
     draft_tokens, draft_logits, target_logits = (
         a if a.flags.c_contiguous else xp.ascontiguousarray(a) for a in (draft_tokens, draft_logits, target_logits))
-    if xp is np:
-        return _verify_cpu(draft_tokens, draft_logits, target_logits, lengths, temps, temp_scalar,
-                           dtype_name, method, mode, seed, offset, sigmoid_offset, sigmoid_scale, _race_purpose)
-    return _verify_gpu(draft_tokens, draft_logits, target_logits, lengths, temps, temp_scalar,
-                       dtype_name, method, mode, seed, offset, sigmoid_offset, sigmoid_scale, _race_purpose)
+    run = _verify_cpu if xp is np else _verify_gpu
+    return run(draft_tokens, draft_logits, target_logits, lengths, temps, temp_scalar, dtype_name, method, mode,
+               seed, offset, sigmoid_offset, sigmoid_scale, _race_purpose, plan)
 
 
 def _as_float(a, dtype_name):
@@ -204,28 +246,25 @@ def _as_float(a, dtype_name):
 
 
 def _verify_cpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_name, method, mode,
-                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose):
-    from specsample_cupy.reference import reference_verify, value_errors
+                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan):
+    from specsample_cupy.reference import reference_verify
     B, G = draft_tokens.shape
     draft, target = _as_float(draft, dtype_name), _as_float(target, dtype_name)
     lengths = np.full(B, G, np.int64) if lengths is None else lengths.astype(np.int64)
     temps = np.full(B, temp_scalar, np.float64) if temps is None else temps.astype(np.float64)
     if method == "baseline":
         from specsample_cupy.baseline import baseline_verify
-        err, _, _ = value_errors(draft_tokens, draft, target, lengths, temps, probs=mode == "probs")
-        errors.raise_if_any(err | np.where(temps == 0, errors.TEMPERATURE, 0))
-        accepted, tokens, emitted = baseline_verify(draft_tokens, draft, target, lengths, temps,
-                                                    probs=mode == "probs", seed=seed)
-        return VerifyResult.from_arrays(np, accepted, tokens, emitted, err)
+        return VerifyResult.from_arrays(np, *baseline_verify(
+            draft_tokens, draft, target, lengths, temps, probs=mode == "probs", seed=seed))
     accepted, tokens, emitted, err = reference_verify(
         draft_tokens, draft, target, lengths, temps, mode=mode, seed=int(seed), offset=int(offset),
-        race_purpose=race_purpose, sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale)
-    errors.raise_if_any(err)
+        race_purpose=race_purpose, sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale,
+        greedy_all=method == "greedy")
     return VerifyResult.from_arrays(np, accepted, tokens, emitted, err)
 
 
 def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_name, method, mode,
-                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose):
+                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan):
     import cupy
     B, G = draft_tokens.shape
     if method == "baseline":
@@ -234,14 +273,14 @@ def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
         temps = cupy.full(B, temp_scalar, cupy.float32) if temps is None else temps
         if dtype_name == "bfloat16":
             draft, target = (_bf16_to_f32(a) for a in (draft, target))
-        accepted, tokens, emitted = baseline_verify(draft_tokens, draft, target, lengths, temps,
-                                                    probs=mode == "probs", seed=int(seed), xp=cupy)
-        return VerifyResult.from_arrays(cupy, accepted, tokens, emitted, cupy.zeros(B, cupy.int32))
+        return VerifyResult.from_arrays(cupy, *baseline_verify(draft_tokens, draft, target, lengths, temps,
+                                                               probs=mode == "probs", seed=int(seed), xp=cupy))
     from specsample_cupy import kernels
     kmode = {"logits": kernels.MODE_LOGITS, "probs": kernels.MODE_PROBS, "sigmoid": kernels.MODE_SIGMOID}[mode]
     out = kernels.launch(draft_tokens, draft, target, dtype_name=dtype_name, lengths=lengths, temps=temps,
                          temp_scalar=temp_scalar, seed=seed, offset=offset, mode=kmode,
-                         sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale, race_purpose=race_purpose)
+                         sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale, race_purpose=race_purpose,
+                         greedy=method == "greedy", options=plan)
     return VerifyResult(out, B)
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from helpers_verify import random_problem
-from specsample_cupy import sample_tokens, verify
+from specsample_cupy import errors, sample_tokens, verify
 from specsample_cupy.philox import PURPOSE_ACCEPT, acceptance_uniform, random_bits
 
 NEG = -np.inf
@@ -198,11 +198,14 @@ def test_bad_shapes_and_dtypes_name_the_argument(mutate, exc, words):
 def test_token_ids_out_of_range_name_the_request():
     t, d, p = _ok(B=3)
     t[2, 1] = 8
+    res = verify(t, d, p)                            # value errors are returned, not raised
+    assert res.error.tolist() == [0, 0, errors.TOKEN_RANGE]
+    assert res.tokens[2].tolist() == [-1] * 4 and res.accepted[2] == -1 and res.emitted[2] == 0
     with pytest.raises(ValueError, match=r"draft_tokens has ids outside \[0, V\) in request\(s\) 2"):
-        verify(t, d, p)
+        res.check()
     t[2, 1] = -1
     with pytest.raises(ValueError, match="draft_tokens"):
-        verify(t, d, p)
+        verify(t, d, p).check()
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -211,19 +214,23 @@ def test_nan_and_inf_logits_name_the_request(bad):
     p = p.copy()
     p[1, 0, 3] = bad
     with pytest.raises(ValueError, match=r"target_logits .* request\(s\) 1"):
-        verify(t, d, p)
+        verify(t, d, p).check()
     d = d.copy()
     d[3, 2, 0] = bad
+    res = verify(t, d, _ok(B=4)[2])
+    assert res.error.tolist() == [0, 0, 0, errors.DRAFT_VALUES]
     with pytest.raises(ValueError, match=r"draft_logits .* request\(s\) 3"):
-        verify(t, d, _ok(B=4)[2])
+        res.check()
 
 
 def test_all_minus_inf_row_has_no_mass():
     t, d, p = _ok(B=2)
     p = p.copy()
     p[0, 1] = NEG
+    res = verify(t, d, p)
+    assert res.error.tolist() == [errors.NO_MASS, 0]
     with pytest.raises(ValueError, match=r"no probability mass .* in request\(s\) 0"):
-        verify(t, d, p)
+        res.check()
 
 
 def test_bad_arguments():
@@ -233,9 +240,9 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="temperature"):
         verify(t, d, p, temperature=-1.0)
     with pytest.raises(ValueError, match=r"temperature .* request\(s\) 1"):
-        verify(t, d, p, temperature=np.array([1.0, np.nan], np.float32))
+        verify(t, d, p, temperature=np.array([1.0, np.nan], np.float32)).check()
     with pytest.raises(ValueError, match=r"draft_lengths outside \[0, gamma\] in request\(s\) 0"):
-        verify(t, d, p, draft_lengths=np.array([4, 1]))
+        verify(t, d, p, draft_lengths=np.array([4, 1])).check()
     with pytest.raises(ValueError, match="draft_lengths must be a scalar or shape"):
         verify(t, d, p, draft_lengths=np.array([1, 1, 1]))
     with pytest.raises(ValueError, match="probs=True"):
