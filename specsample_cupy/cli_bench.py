@@ -33,8 +33,10 @@ def bench_verify(methods, vocab, gamma, batch, dtypes, reps, json_path):
     try:
         import cupy
         cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # no CuPy or no device
-        raise click.ClickException(f"bench verify needs a CUDA device and CuPy ({exc})")
+    except ImportError as exc:
+        raise click.ClickException(f"bench verify needs CuPy ({exc})")
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        raise click.ClickException(f"bench verify needs a CUDA device ({exc})")
     result = bv.run(methods.split(","), _ints(vocab), _ints(gamma), _ints(batch), dtypes.split(","),
                     reps=reps, progress=lambda g: tqdm(g, desc="configs", leave=False))
     table = Table(title=f"verify() on {result['device']} (copy bandwidth {result['copy_bandwidth_gbps']:.0f} GB/s)")

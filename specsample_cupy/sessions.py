@@ -198,8 +198,10 @@ def _preload_cuda_libraries(ort):
     if preload is not None:
         try:
             preload()
-        except Exception:
-            pass
+        except OSError as exc:   # a library that could not be loaded: say so, the session may still work
+            import warnings
+            warnings.warn(f"onnxruntime.preload_dlls() could not load a CUDA library: {exc}", RuntimeWarning,
+                          stacklevel=2)
 
 
 def array_module(device: str):

@@ -4,8 +4,11 @@ import pytest
 def _cuda_available():
     try:
         import cupy
+    except ImportError:
+        return False
+    try:
         return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
+    except cupy.cuda.runtime.CUDARuntimeError:
         return False
 
 
