@@ -6,19 +6,13 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from click.testing import CliRunner  # noqa: E402
 
 from models.build_tiny import build_tiny_pair  # noqa: E402
 from specsample_cupy.cli_decode import decode  # noqa: E402
 from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
 
 
-def _runner():
-    """A runner that keeps stderr apart from stdout (click 8.1 needs asking; 8.2 always does)."""
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:
-        return CliRunner()
+from helpers_cli import split_runner as _runner  # noqa: E402
 
 
 def _invoke(pair, args, **kwargs):

@@ -7,19 +7,13 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from click.testing import CliRunner  # noqa: E402
 
 from specsample_cupy.cli_decode import decode  # noqa: E402
 from specsample_cupy.decoder import default_model_dir  # noqa: E402
 from specsample_cupy.sessions import DecoderSession, ModelSpec, open_session_error  # noqa: E402
 
 
-def _runner():
-    """A runner that keeps stderr apart from stdout (click 8.1 needs asking; 8.2 always does)."""
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:
-        return CliRunner()
+from helpers_cli import split_runner as _runner  # noqa: E402
 
 
 def _corrupt(tmp_path, name, content: bytes | None = None, transform=None):
