@@ -12,6 +12,11 @@ the same number of tokens. Each configuration (batch, method, gamma) runs once p
   (wall - model - verify). The events' own cost is the timed call's wall minus the untimed one's.
 
 Rows report the median and min-max over seeds and efficiency = measured / ideal.
+
+Every batch size draws its prompts from one set, the largest batch's (prompt_set): a batch of B
+takes B consecutive prompts of it, starting at seed * B, so B = 1 runs a different prompt per seed
+and, over the seeds, the same prompts a batch of four decodes together (one prompt that happens to
+suit the draft does not decide the single-request figures).
 """
 from __future__ import annotations
 
@@ -55,10 +60,23 @@ def _summary(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def measure(decoder, prompts, method, gamma, *, temperature, seeds, max_new_tokens):
-    """Per seed: an untimed call and a timed call of the same request. Returns the raw numbers."""
+def prompt_set(batches) -> list[str]:
+    """The prompts every batch size draws from: as many as the largest batch (DEFAULT_PROMPTS cycled)."""
+    return list(itertools.islice(itertools.cycle(DEFAULT_PROMPTS), max(batches)))
+
+
+def prompts_for(prompt_set, batch: int, seed: int) -> list[str]:
+    """The batch's prompts for one seed: `batch` consecutive prompts of the set from seed * batch, cycled."""
+    start = seed * batch
+    return [prompt_set[(start + i) % len(prompt_set)] for i in range(batch)]
+
+
+def measure(decoder, prompts_of, method, gamma, *, temperature, seeds, max_new_tokens):
+    """Per seed: an untimed call and a timed call of the same request (prompts_of(seed)). Returns the
+    raw numbers."""
     runs = []
     for seed in seeds:
+        prompts = prompts_of(seed)
         untimed = _call(decoder, prompts, method, gamma, temperature, seed, max_new_tokens, False)
         timed = _call(decoder, prompts, method, gamma, temperature, seed, max_new_tokens, True)
         runs.append({
@@ -91,17 +109,18 @@ def rows_against_target(target_runs, configs):
     return rows
 
 
-def run_bench(decoder, prompts, *, methods, gammas, temperature, seeds, max_new_tokens, progress=None):
-    """Target-only and every (method, gamma) over the same prompts and seeds (module docstring).
-    gammas: ints and/or "auto". Returns the rows; the first is target-only against itself."""
+def run_bench(decoder, prompts_of, *, methods, gammas, temperature, seeds, max_new_tokens, progress=None):
+    """Target-only and every (method, gamma) over the same seeds, each seed with the same prompts
+    (prompts_of(seed)) for every configuration (module docstring). gammas: ints and/or "auto".
+    Returns the rows; the first is target-only against itself."""
     configs = [("target", 0)] + [(m, g) for m in methods if m != "target" for g in gammas]
     # Warm-up with the measured shapes: kernel compilation, ONNX Runtime's first runs, graph captures
     # and the auto policy's calibration happen here.
     for method, gamma in configs:
-        _call(decoder, prompts, method, gamma, temperature, seeds[0], max_new_tokens, True)
+        _call(decoder, prompts_of(seeds[0]), method, gamma, temperature, seeds[0], max_new_tokens, True)
     measured = []
     for method, gamma in (progress(configs) if progress else configs):
-        runs = measure(decoder, prompts, method, gamma, temperature=temperature, seeds=seeds,
+        runs = measure(decoder, prompts_of, method, gamma, temperature=temperature, seeds=seeds,
                        max_new_tokens=max_new_tokens)
         for r in runs:
             r["tokens_per_request"] = max_new_tokens
@@ -167,7 +186,8 @@ def _gammas(text):
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--methods", default="exact,greedy", show_default=True, help="Compared with target-only.")
 @click.option("--gamma", "gammas", default="3,5,auto", show_default=True, help="Comma-separated; 'auto' too.")
-@click.option("--batch", "batches", default="1,4", show_default=True, help="Batch sizes (prompts cycled).")
+@click.option("--batch", "batches", default="1,4", show_default=True,
+              help="Batch sizes; each draws its prompts from the largest batch's set (B = 1: one per seed).")
 @click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @click.option("--seeds", default=5, show_default=True, type=click.IntRange(min=1), help="Seeds 0..N-1.")
 @click.option("--ignore-eos/--stop-at-eos", default=True, show_default=True,
@@ -195,9 +215,12 @@ def bench_decode(pair, pairs_dir, target, draft, device, max_new_tokens, methods
               "target": str(decoder.target_spec.model_dir), "draft": str(decoder.draft_spec.model_dir),
               "device": device, "max_new_tokens": max_new_tokens, "temperature": temperature,
               "seeds": seeds, "cuda_graphs": decoder.cuda_graphs, "runs": []}
-    for batch in [int(b) for b in batches.split(",") if b]:
-        prompts = list(itertools.islice(itertools.cycle(DEFAULT_PROMPTS), batch))
-        rows = run_bench(decoder, prompts, methods=methods, gammas=_gammas(gammas), temperature=temperature,
+    batches = [int(b) for b in batches.split(",") if b]
+    prompts = prompt_set(batches)
+    report["prompts"] = prompts
+    for batch in batches:
+        rows = run_bench(decoder, lambda seed, batch=batch: prompts_for(prompts, batch, seed), methods=methods,
+                         gammas=_gammas(gammas), temperature=temperature,
                          seeds=list(range(seeds)), max_new_tokens=max_new_tokens,
                          progress=lambda c: tqdm(c, desc=f"B={batch}", leave=False))
         click.echo(f"pair={report['pair']} device={device} batch={batch} max_new_tokens={max_new_tokens} "

@@ -4,13 +4,17 @@ A loop asks `next_gamma()` before it enqueues a round and tells the policy what 
 read did with `observe(round, seconds)`. The device loop reads rounds one or two behind the one it
 enqueues, so its choices lag the newest measurements by that much; nothing waits for them.
 
-AutoGamma maximises expected tokens per second. With a per-draft acceptance probability alpha
-(drafts are accepted while they keep being accepted, so the accepted count is truncated
+AutoGamma maximises the rate at which the batch finishes. With a per-draft acceptance probability
+alpha (drafts are accepted while they keep being accepted, so the accepted count is truncated
 geometric), a round of gamma drafts emits on average
 
     E(gamma) = (1 - alpha^(gamma + 1)) / (1 - alpha)   tokens per request,
 
-and costs cost(gamma) seconds; the policy takes argmax E / cost over [gamma_min, gamma_max].
+and costs cost(gamma) seconds. A generate() call returns when its last request is done (finished
+rows are not replaced), so what matters is the slowest live request: the policy takes
+argmax over [gamma_min, gamma_max] of min_b E_b(gamma) / cost(gamma), one alpha per request. (The
+mean over requests would be a throughput for rows that are refilled; it favours long rounds that
+the rows accepting least pay for, e.g. gamma 10 where 4 finishes a greedy batch of four sooner.)
 alpha is estimated from the rounds read so far (successes / trials of the truncated geometric, with
 exponential forgetting and a weak prior); cost comes from the loop: the device loop's per-run costs
 measured by replaying its captured graphs plus the per-round remainder it observes, the host loop a
@@ -99,9 +103,8 @@ class LineCost:
 
 
 class AutoGamma(FixedGamma):
-    """argmax over gamma of expected tokens per second (module docstring), with one acceptance estimate
-    per request: in a batch, rows accept at different rates, and the mean of E over the rows is what a
-    round yields (E at the mean acceptance would overrate long rounds).
+    """argmax over gamma of the slowest live request's expected tokens per second (module docstring),
+    with one acceptance estimate per request.
 
     cost: callable gamma [k] -> seconds [k] per round, with `observe(gamma, seconds)` to learn from
     the rounds read (LineCost, or the device loop's calibrated cost)."""
@@ -139,7 +142,7 @@ class AutoGamma(FixedGamma):
         if self.live is not None and self.live.shape == alpha.shape and self.live.any():
             alpha = alpha[self.live]
         alpha = np.minimum(alpha, 0.999)[:, None]
-        tokens = ((1.0 - alpha ** (np.asarray(gammas, np.float64)[None, :] + 1.0)) / (1.0 - alpha)).mean(axis=0)
+        tokens = ((1.0 - alpha ** (np.asarray(gammas, np.float64)[None, :] + 1.0)) / (1.0 - alpha)).min(axis=0)
         return tokens / self.cost(gammas)
 
     def choose(self) -> None:

@@ -81,3 +81,15 @@ def test_bench_decode_table_and_json(pair, tmp_path):
         assert row["speedup"]["median"] == pytest.approx(statistics.median(ratios))
         assert row["speedup"]["min"] == pytest.approx(min(ratios))
         assert row["method"] in result.stdout
+
+
+def test_bench_decode_batches_share_one_prompt_set():
+    """B = 1 runs one prompt per seed, and over four seeds exactly the prompts B = 4 decodes together."""
+    from specsample_cupy.bench_decode import prompt_set, prompts_for
+
+    prompts = prompt_set([1, 4])
+    assert len(prompts) == 4 and len(set(prompts)) == 4
+    singles = [prompts_for(prompts, 1, seed) for seed in range(5)]
+    assert sorted(p for s in singles[:4] for p in s) == sorted(prompts) and singles[4] == singles[0]
+    assert all(prompts_for(prompts, 4, seed) == prompts for seed in range(3))
+    assert prompts_for(prompt_set([3, 5]), 3, 1) == [prompt_set([5])[i % 5] for i in (3, 4, 5)]

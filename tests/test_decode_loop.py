@@ -153,18 +153,28 @@ def test_auto_gamma_follows_acceptance_and_cost():
     assert low.next_gamma() == 1 and low.alpha.max() < 0.1
 
 
-def test_auto_gamma_weighs_each_request_by_its_own_acceptance():
-    """One row accepting everything and one accepting nothing: the mean of E over the rows, not E at the
-    mean acceptance, so long rounds are not overrated."""
-    policy = AutoGamma(4, 1, 12, cost=lambda g: 1.0 + 0.3 * np.asarray(g, float))
-    for _ in range(60):
+def test_auto_gamma_is_set_by_the_slowest_request():
+    """A batch returns when its last request is done: the gamma is the one that maximises the slowest
+    live row's tokens per second, not the rows' mean (which long rounds would win here)."""
+    rng = np.random.default_rng(3)
+    cost = lambda g: 1.0 + 0.3 * np.asarray(g, float)   # noqa: E731
+    policy = AutoGamma(4, 1, 12, cost=cost)
+    for _ in range(300):   # acceptance per draft 0.99 and 0.85
         g = policy.gamma
-        policy.observe(_round(g, [g, 0]))
+        acc = [min(rng.geometric(0.01) - 1, g), min(rng.geometric(0.15) - 1, g)]
+        policy.observe(_round(g, acc))
     alpha = policy.alpha
-    assert alpha[0] > 0.95 and alpha[1] < 0.05
+    assert alpha[0] > 0.95 and 0.75 < alpha[1] < 0.93
     gammas = np.arange(1, 13)
-    per_row = (expected_tokens(min(alpha[0], 0.999), gammas) + expected_tokens(alpha[1], gammas)) / 2
-    assert policy.gamma == gammas[np.argmax(per_row / (1 + 0.3 * gammas))]
+    slowest = np.minimum(expected_tokens(min(alpha[0], 0.999), gammas), expected_tokens(alpha[1], gammas))
+    mean = (expected_tokens(min(alpha[0], 0.999), gammas) + expected_tokens(alpha[1], gammas)) / 2
+    assert policy.gamma == gammas[np.argmax(slowest / cost(gammas))]
+    assert policy.gamma < gammas[np.argmax(mean / cost(gammas))]   # the two rules differ here
+    # A finished row no longer counts: only the live one sets gamma.
+    rnd = _round(policy.gamma, [0, policy.gamma])
+    rnd.active[1] = False
+    policy.observe(rnd)
+    assert policy.gamma == gammas[np.argmax(expected_tokens(policy.alpha[0], gammas) / cost(gammas))]
 
 
 def test_line_cost_fits_round_times():
