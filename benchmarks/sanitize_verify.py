@@ -26,8 +26,8 @@ rng = np.random.default_rng(0)
 bad = 0
 for V in (37, 1024):
     for dtype in ("float32", "float16"):
-        for method, probs in (("exact", False), ("exact", True), ("sigmoid", False), ("greedy", False),
-                              ("greedy", True)):
+        for method, probs in (("exact", False), ("exact", True), ("sigmoid", False), ("sigmoid-paper", False),
+                              ("greedy", False), ("greedy", True)):
             if (args.method and method != args.method) or (args.dtype and dtype != args.dtype):
                 continue
             B, G = 6, 4
@@ -42,11 +42,13 @@ for V in (37, 1024):
             draft[4] = 0.0 if probs else -np.inf                   # NO_MASS (draft rows; greedy: none)
             tokens[2, 3] = V                                       # TOKEN_RANGE
             t16, d16 = target.astype(dtype), draft.astype(dtype)
+            # The sigmoid methods with a steep sigmoid, so rejections (and their residual paths) happen.
+            kw = dict(sigmoid_offset=0.0, sigmoid_scale=1.0) if method.startswith("sigmoid") else {}
             cpu = verify(tokens, d16.astype(np.float32), t16.astype(np.float32), method=method,
-                         probs=probs, seed=1, draft_lengths=lengths)
+                         probs=probs, seed=1, draft_lengths=lengths, **kw)
             for plan in plans:
                 gpu = verify(cp.asarray(tokens), cp.asarray(d16), cp.asarray(t16), method=method, probs=probs,
-                             seed=1, draft_lengths=cp.asarray(lengths), plan=plan)
+                             seed=1, draft_lengths=cp.asarray(lengths), plan=plan, **kw)
                 mismatch = any((getattr(gpu, f).get() != getattr(cpu, f)).any()
                                for f in ("tokens", "accepted", "emitted", "error"))
                 print(f"V={V} {dtype} {method} probs={probs} grid={plan.grid}: {'MISMATCH' if mismatch else 'ok'}",

@@ -42,6 +42,7 @@
 #define SS_MODE_LOGITS 0
 #define SS_MODE_PROBS 1
 #define SS_MODE_SIGMOID 2
+#define SS_MODE_SIGMOID_PAPER 3
 
 #define SS_INF __int_as_float(0x7f800000)
 #define SS_LOG2E 1.4426950408889634f
@@ -59,9 +60,35 @@ __device__ __forceinline__ void store_stat(int* p, SoftmaxStat s) {
   p[2] = s.arg;
 }
 
-// How partial row statistics combine: rescaled sums of exponentials, or plain sums of probabilities.
+// The two sigmoid methods. SIGMOID: acceptance and residual from sigmoid((z - offset) / scale) per
+// element (no softmax statistics), the bonus token exactly from softmax(z) (a race on exp(z - max),
+// the maximum being what P1's checks compute anyway). SIGMOID_PAPER: the paper's released code, as
+// written: sigma'(z) = 0 below the clamp window, 1 above it, the sigmoid inside; the residual
+// max(1e-5, max(0, sigma'p - sigma'q) / (1e-6 + sum)) and the bonus max(1e-5, z) (raw logits),
+// each drawn in proportion to its weight.
+__host__ __device__ constexpr bool is_sigmoid(int mode) {
+  return mode == SS_MODE_SIGMOID || mode == SS_MODE_SIGMOID_PAPER;
+}
+
+// Paper mode: a draft row's P1 item also reads the target row of the same position (the residual
+// needs both), keeping m = the draft row's maximum, s = sum of max(0, sigma'p - sigma'q) and, in
+// arg, the target row's maximum as float bits (both maxima decide the no-mass check).
+__device__ __forceinline__ SoftmaxStat combine_pair(SoftmaxStat a, SoftmaxStat b) {
+  SoftmaxStat r;
+  r.m = fmaxf(a.m, b.m);
+  r.s = a.s + b.s;
+  r.arg = __float_as_int(fmaxf(__int_as_float(a.arg), __int_as_float(b.arg)));
+  return r;
+}
+struct CombinePair {
+  __device__ SoftmaxStat operator()(SoftmaxStat a, SoftmaxStat b) const { return combine_pair(a, b); }
+};
+
+// How partial row statistics combine: rescaled sums of exponentials, plain sums of probabilities,
+// or the paper's residual sums with both rows' maxima.
 template <int MODE> struct RowCombine { typedef CombineStat type; };
 template <> struct RowCombine<SS_MODE_PROBS> { typedef CombineSum type; };
+template <> struct RowCombine<SS_MODE_SIGMOID_PAPER> { typedef CombinePair type; };
 
 // What P1 computes over a slice: softmax statistics, max + first argmax (greedy rows), or the
 // maximum alone (sigmoid: only the checks and the no-mass test).
@@ -104,11 +131,11 @@ struct Verifier {
     Request rq;
     rq.errs = 0;
     float t = temps ? temps[b] : temp_scalar;
-    if (!(t >= 0.f && t < SS_INF) || (MODE == SS_MODE_SIGMOID && t == 0.f)) {
+    if (!(t >= 0.f && t < SS_INF) || (is_sigmoid(MODE) && t == 0.f)) {
       rq.errs |= SS_ERR_TEMPERATURE;
       t = 1.f;
     }
-    rq.greedy = greedy_all || (MODE != SS_MODE_SIGMOID && t == 0.f);
+    rq.greedy = greedy_all || (!is_sigmoid(MODE) && t == 0.f);
     rq.inv_t = rq.greedy ? 1.f : 1.f / t;
     rq.L = lengths ? lengths[b] : G;
     if (rq.L < 0 || rq.L > G) { rq.errs |= SS_ERR_LENGTH; rq.L = min(max(rq.L, 0), G); }
@@ -118,6 +145,21 @@ struct Verifier {
   // Rows read for request b: target rows 0..L, and draft rows 0..L-1 unless the request is greedy.
   __device__ __forceinline__ bool row_active(const Request& rq, bool is_target, int i) const {
     return is_target ? i <= rq.L : (i < rq.L && !rq.greedy);
+  }
+  // Rows with P1 items of their own: paper mode reads target row i < L in draft row i's items.
+  __device__ __forceinline__ bool row_scanned(const Request& rq, bool is_target, int i) const {
+    if (MODE == SS_MODE_SIGMOID_PAPER && is_target && i < rq.L) return false;
+    return row_active(rq, is_target, i);
+  }
+
+  // sigma(z) of the sigmoid methods, z temperature-scaled (see is_sigmoid).
+  __device__ __forceinline__ float sigma(float z) const {
+    const float t = (z - sig_offset) * sig_inv_scale;
+    if constexpr (MODE == SS_MODE_SIGMOID_PAPER) {
+      if (t < 0.f) return 0.f;
+      if (t > 1.f) return 1.f;
+    }
+    return 1.f / (1.f + expf(-t));
   }
 
   __device__ const S* target_row(int b, int i) const { return target + ((long long)b * (G + 1) + i) * V; }
@@ -203,16 +245,47 @@ struct Verifier {
     st.m = MODE == SS_MODE_PROBS ? m : m * inv_t;
   }
 
+  // Paper mode, draft row i's slice with target row i's: both rows' checks and maxima, and the sum
+  // of max(0, sigma'(p) - sigma'(q)) (the residual's normaliser).
+  __device__ __forceinline__ void scan_pair(const S* prow, const S* qrow, int lo, int hi, float inv_t,
+                                            SoftmaxStat& st, bool& bad_p, bool& bad_q) const {
+    constexpr int STEP = SS_THREADS * VEC;
+    float mp = -SS_INF, mq = -SS_INF;
+    for (int base = lo + threadIdx.x * VEC; base < hi; base += STEP) {
+      float p[VEC], q[VEC];
+      load_vec<T, VEC>(prow + base, p);
+      load_vec<T, VEC>(qrow + base, q);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        bad_p |= !(p[e] < SS_INF);
+        bad_q |= !(q[e] < SS_INF);
+        mp = fmaxf(mp, p[e]);
+        mq = fmaxf(mq, q[e]);
+        st.s += fmaxf(sigma(p[e] * inv_t) - sigma(q[e] * inv_t), 0.f);
+      }
+    }
+    st.m = mq * inv_t;
+    st.arg = __float_as_int(mp * inv_t);
+  }
+
   __device__ __forceinline__ void phase1(int b, int r, int s, SoftmaxStat* red) const {
     const Request rq = request(b);
     const bool is_target = r <= G;
     const int i = is_target ? r : r - G - 1;
-    if (row_active(rq, is_target, i)) {
-      SoftmaxStat st = {-SS_INF, 0.f, 0x7fffffff};
+    if (row_scanned(rq, is_target, i)) {
+      SoftmaxStat st = {-SS_INF, 0.f, MODE == SS_MODE_SIGMOID_PAPER ? __float_as_int(-SS_INF) : 0x7fffffff};
       bool bad = false;
       const int lo = s * C1, hi = min(V, lo + C1);
       const S* row = is_target ? target_row(b, i) : draft_row(b, i);
-      if constexpr (MODE == SS_MODE_SIGMOID) scan_slice<SCAN_CHECK>(row, lo, hi, rq.inv_t, st, bad);
+      if constexpr (MODE == SS_MODE_SIGMOID_PAPER) {
+        if (is_target) {
+          scan_slice<SCAN_CHECK>(row, lo, hi, rq.inv_t, st, bad);
+        } else {
+          bool bad_p = false;
+          scan_pair(target_row(b, i), row, lo, hi, rq.inv_t, st, bad_p, bad);
+          flag_bad(bad_p, b, SS_ERR_TARGET);
+        }
+      } else if constexpr (MODE == SS_MODE_SIGMOID) scan_slice<SCAN_CHECK>(row, lo, hi, rq.inv_t, st, bad);
       else if (rq.greedy) scan_slice<SCAN_ARGMAX>(row, lo, hi, rq.inv_t, st, bad);
       else scan_slice<SCAN_STATS>(row, lo, hi, rq.inv_t, st, bad);
       flag_bad(bad, b, is_target ? SS_ERR_TARGET : SS_ERR_DRAFT);
@@ -242,20 +315,22 @@ struct Verifier {
 
   // After the wait: combine each active row's slice statistics into shared memory, one warp per
   // row. Sets *no_mass when an active row has no probability mass (logits, sigmoid: no entry
-  // > -inf; probabilities: the valid entries sum to 0).
+  // > -inf; probabilities: the valid entries sum to 0; paper mode: either row of a pair).
   __device__ __forceinline__ void combine_rows(int b, const Request& rq, int* no_mass) const {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int r = warp; r < R; r += SS_WARPS) {
       const bool is_target = r <= G;
       const int i = is_target ? r : r - G - 1;
-      if (!row_active(rq, is_target, i)) continue;
+      if (!row_scanned(rq, is_target, i)) continue;
       SoftmaxStat st = {-SS_INF, 0.f, 0x7fffffff};
       const int* rp = part + (long long)(b * R + r) * S1 * 3;
       for (int k = lane; k < S1; k += 32) st = Combine()(st, load_stat(rp + 3 * k));
       st = warp_reduce(st, Combine());
       if (lane == 0) {
         rows[r] = st;
-        if (MODE == SS_MODE_PROBS ? !(st.s > 0.f) : st.m == -SS_INF) *no_mass = 1;
+        const bool pair = MODE == SS_MODE_SIGMOID_PAPER && !is_target;
+        if (MODE == SS_MODE_PROBS ? !(st.s > 0.f) : (st.m == -SS_INF || (pair && __int_as_float(st.arg) == -SS_INF)))
+          *no_mass = 1;
       }
     }
   }
@@ -274,7 +349,7 @@ struct Verifier {
   __device__ __forceinline__ float weight(float v, float inv_t, float c, float mc, float inv_s) const {
     if constexpr (MODE == SS_MODE_LOGITS) return ex2_approx(fmaf(v, c, -mc)) * inv_s;
     else if constexpr (MODE == SS_MODE_PROBS) return v * inv_s;
-    else return 1.f / (1.f + __expf(-(v * inv_t - sig_offset) * sig_inv_scale));
+    else return sigma(v * inv_t);
   }
 
   // What the acceptance test of draft position i needs from the inputs alone (no statistics),
@@ -302,9 +377,8 @@ struct Verifier {
 
   // Is the gathered draft token accepted? u q(x) <= p(x) and p(x) > 0 (greedy: x is the argmax).
   __device__ __forceinline__ bool accepts(int b, int i, const Gathered& g, const Request& rq) const {
-    if constexpr (MODE == SS_MODE_SIGMOID) {
-      const float p = 1.f / (1.f + expf(-(g.z - sig_offset) * sig_inv_scale));
-      const float q = 1.f / (1.f + expf(-(g.y - sig_offset) * sig_inv_scale));
+    if constexpr (is_sigmoid(MODE)) {
+      const float p = sigma(g.z), q = sigma(g.y);
       return p > 0.f && g.u * q <= p;
     } else {
       const SoftmaxStat sp = rows[i];
@@ -348,21 +422,29 @@ struct Verifier {
     const Request rq = request(b);
     Gathered first = {0, 0.f, 0.f, 0.f, false};
     if (threadIdx.x < 32) first = gather(b, threadIdx.x, rq);
-    if constexpr (MODE != SS_MODE_SIGMOID) gather_rows(b, rq, sh);
+    if constexpr (!is_sigmoid(MODE)) gather_rows(b, rq, sh);
     first_rejection(b, rq, first, sh + 0, sh + 1);
     __syncthreads();
     const int n = sh[0];
-    const int errs = sh[1] | (MODE != SS_MODE_SIGMOID ? __ldcg(err + b) | (sh[4] ? SS_ERR_NO_MASS : 0) : 0);
+    const bool bonus = n >= rq.L;
+    // The sigmoid methods wait for the request's rows only where the race needs them: the bonus
+    // row's maximum (SIGMOID), the rejected position's residual sum (SIGMOID_PAPER).
+    const bool needs_rows = MODE == SS_MODE_SIGMOID ? bonus : (MODE == SS_MODE_SIGMOID_PAPER && !bonus);
+    if (is_sigmoid(MODE) && needs_rows) gather_rows(b, rq, sh);
+    const bool gathered = !is_sigmoid(MODE) || needs_rows;
+    const int errs = sh[1] | (gathered ? __ldcg(err + b) | (sh[4] ? SS_ERR_NO_MASS : 0) : 0);
 
     RaceBest res = {-1.f, 0x7fffffff}, pb = {-1.f, 0x7fffffff};
     if (!errs && !rq.greedy) {
-      const bool bonus = n >= rq.L;
       const S* zrow = target_row(b, n);
       const S* yrow = bonus ? zrow : draft_row(b, n);
       SoftmaxStat sp = {0.f, 1.f, 0}, sq = {0.f, 1.f, 0};
-      if constexpr (MODE != SS_MODE_SIGMOID) {
+      if constexpr (!is_sigmoid(MODE)) {
         sp = rows[n];
         if (!bonus) sq = rows[G + 1 + n];
+      } else if (needs_rows) {
+        sp = rows[n];                                // SIGMOID: the bonus row's maximum
+        if (!bonus) sq.s = 1e-6f + rows[G + 1 + n].s;  // SIGMOID_PAPER: the residual's normaliser
       }
       const float inv_sp = 1.f / sp.s, inv_sq = 1.f / sq.s;
       const float c = rq.inv_t * SS_LOG2E;
@@ -376,8 +458,18 @@ struct Verifier {
         race_variates<VEC>(ps, base, e);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const float wp = weight(z[k], rq.inv_t, c, mcp, inv_sp);
-          const float wq = bonus ? 0.f : weight(y[k], rq.inv_t, c, mcq, inv_sq);
+          float wp, wq;
+          if constexpr (MODE == SS_MODE_SIGMOID) {
+            wp = bonus ? ex2_approx(fmaf(z[k], c, -mcp)) : sigma(z[k] * rq.inv_t);
+            wq = bonus ? 0.f : sigma(y[k] * rq.inv_t);
+          } else if constexpr (MODE == SS_MODE_SIGMOID_PAPER) {
+            wp = bonus ? fmaxf(z[k] * rq.inv_t, 1e-5f)
+                       : fmaxf(fmaxf(sigma(z[k] * rq.inv_t) - sigma(y[k] * rq.inv_t), 0.f) * inv_sq, 1e-5f);
+            wq = 0.f;
+          } else {
+            wp = weight(z[k], rq.inv_t, c, mcp, inv_sp);
+            wq = bonus ? 0.f : weight(y[k], rq.inv_t, c, mcq, inv_sq);
+          }
           const float kr = wp - wq > 0.f ? __fdividef(wp - wq, e[k]) : -1.f;
           const float kp = wp > 0.f ? __fdividef(wp, e[k]) : -1.f;
           if (kr > res.key) { res.key = kr; res.idx = base + k; }
@@ -401,7 +493,7 @@ struct Verifier {
   // Last P2 block of request b: reduce the slices' winners and write the outputs.
   __device__ __forceinline__ void finish(int b, const Request& rq, int n, RaceBest* red, int* sh) const {
     // Sigmoid: the request's row checks (its P1 items, smaller tickets) decide its errors.
-    if constexpr (MODE == SS_MODE_SIGMOID) gather_rows(b, rq, sh);
+    if constexpr (is_sigmoid(MODE)) gather_rows(b, rq, sh);
     RaceBest res = {-1.f, 0x7fffffff}, pb = {-1.f, 0x7fffffff};
     for (int k = threadIdx.x; k < S2; k += SS_THREADS) {
       const int* c = cand + ((long long)b * S2 + k) * 4;

@@ -10,8 +10,13 @@ logits that an earlier call left in cache.
 Bandwidth: the bytes the method must read (every active logit row of both models once: exact and
 baseline for the statistics, sigmoid for its NaN/Inf and no-mass checks) over the device time, and
 that as a fraction of the device-to-device copy bandwidth measured in the same run.
+
+On the CPU (NumPy inputs, run_cpu): the methods take turns call by call on one input set, and each
+call's wall time and this process's CPU time are taken (medians); CPU time leaves out the time
+other processes hold the cores, so it is the steadier number on a shared machine.
 """
 import itertools
+import platform
 import time
 
 import numpy as np
@@ -67,12 +72,19 @@ def make_inputs(cp, B, G, V, dtype, seed=0, rotate_bytes=None):
     per_set = B * (2 * G + 1) * V * np.dtype(dtype).itemsize + B * G * 4
     copies = int(max(1, -(-rotate_bytes // per_set)))
     rs = cp.random.RandomState(seed)
-    target = (rs.standard_normal((B, G + 1, V), dtype=cp.float32) * 2).astype(dtype)
-    draft = (0.8 * target[:, :G].astype(cp.float32)
-             + 0.4 * rs.standard_normal((B, G, V), dtype=cp.float32)).astype(dtype)
-    tokens = rs.randint(0, V, (B, G)).astype(cp.int32)
+    tokens, draft, target = random_set(cp, lambda shape: rs.standard_normal(shape, dtype=cp.float32),
+                                       lambda high, shape: rs.randint(0, high, shape), B, G, V, dtype)
     sets = [(tokens, draft, target)] + [tuple(a.copy() for a in (tokens, draft, target)) for _ in range(copies - 1)]
     return InputRing(sets, rotate_bytes)
+
+
+def random_set(xp, normal, integers, B, G, V, dtype):
+    """(tokens, draft, target): target logits ~ N(0, 4), draft logits 0.8 x target + N(0, 0.16),
+    uniformly random draft tokens. normal(shape) gives float32 N(0, 1), integers(high, shape) ints."""
+    target = (normal((B, G + 1, V)) * 2).astype(dtype)
+    draft = (0.8 * target[:, :G].astype(xp.float32) + 0.4 * normal((B, G, V))).astype(dtype)
+    tokens = integers(V, (B, G)).astype(xp.int32)
+    return tokens, draft, target
 
 
 def _next_input(inputs, k):
@@ -145,3 +157,47 @@ def run(methods, vocabs, gammas, batches, dtypes, reps=30, progress=None):
         cp.get_default_memory_pool().free_all_blocks()
     return dict(device=props["name"].decode(), copy_bandwidth_gbps=copy_bw / 1e9,
                 cupy=cp.__version__, reps=reps, rows=rows)
+
+
+def time_cpu(methods, inputs, reps, temperature=1.0):
+    """{method: (median wall seconds, median CPU seconds)} per verify() call on NumPy inputs, the
+    methods taking turns call by call so that a change in the machine's load hits them alike."""
+    for k in range(3):
+        for method in methods:
+            verify(*inputs, method=method, temperature=temperature, seed=1, offset=k)
+    wall = {method: [] for method in methods}
+    cpu = {method: [] for method in methods}
+    for k in range(reps):
+        for method in methods:
+            w0, c0 = time.perf_counter(), time.process_time()
+            verify(*inputs, method=method, temperature=temperature, seed=1, offset=k)
+            cpu[method].append(time.process_time() - c0)
+            wall[method].append(time.perf_counter() - w0)
+    return {method: (float(np.median(wall[method])), float(np.median(cpu[method]))) for method in methods}
+
+
+def run_cpu(methods, vocabs, gammas, batches, dtypes, reps=30, progress=None):
+    """verify() on NumPy inputs (the CPU reference and the NumPy baseline), one row per method and
+    configuration, with speed-ups over the baseline where it ran."""
+    rows = []
+    grid = list(itertools.product(dtypes, vocabs, gammas, batches))
+    for dtype, V, G, B in (progress(grid) if progress else grid):
+        rng = np.random.default_rng(0)
+        inputs = random_set(np, lambda shape: rng.standard_normal(shape, dtype=np.float32),
+                            lambda high, shape: rng.integers(0, high, shape), B, G, V, dtype)
+        times = time_cpu(methods, inputs, reps)
+        for method, (wall, cpu) in times.items():
+            row = dict(method=method, dtype=dtype, V=V, gamma=G, B=B, wall_us=wall * 1e6, cpu_us=cpu * 1e6)
+            if "baseline" in times:
+                row["wall_speedup_vs_baseline"] = times["baseline"][0] / wall
+                row["cpu_speedup_vs_baseline"] = times["baseline"][1] / cpu
+            rows.append(row)
+    return dict(device=_cpu_name(), numpy=np.__version__, reps=reps, rows=rows)
+
+
+def _cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()

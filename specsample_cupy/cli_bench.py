@@ -12,7 +12,7 @@ def _ints(text):
 
 @click.group()
 def bench():
-    """Benchmarks (need a CUDA device)."""
+    """Benchmarks (a CUDA device, except bench verify --device cpu)."""
 
 
 @bench.command("verify")
@@ -23,13 +23,28 @@ def bench():
 @click.option("--dtype", "dtypes", default="float32,float16", show_default=True)
 @click.option("--reps", default=30, show_default=True, help="timed calls per configuration")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write every number here")
-def bench_verify(methods, vocab, gamma, batch, dtypes, reps, json_path):
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="cpu: NumPy inputs (the CPU reference and the NumPy baseline), wall and CPU time")
+def bench_verify(methods, vocab, gamma, batch, dtypes, reps, json_path, device):
     """Device and wall time per verify() call, bandwidth, speed-up over the baseline."""
-    from rich.console import Console
     from rich.table import Table
     from tqdm import tqdm
 
     from specsample_cupy import bench_verify as bv
+    progress = lambda g: tqdm(g, desc="configs", leave=False)
+    if device == "cpu":
+        result = bv.run_cpu(methods.split(","), _ints(vocab), _ints(gamma), _ints(batch), dtypes.split(","),
+                            reps=reps, progress=progress)
+        table = Table(title=f"verify() on the CPU: {result['device']} (NumPy {result['numpy']}, medians)")
+        for col in ("dtype", "V", "γ", "B", "method", "wall µs", "CPU µs", "× baseline (wall)", "× baseline (CPU)"):
+            table.add_column(col, justify="right")
+        for r in result["rows"]:
+            table.add_row(r["dtype"], str(r["V"]), str(r["gamma"]), str(r["B"]), r["method"],
+                          f"{r['wall_us']:.0f}", f"{r['cpu_us']:.0f}",
+                          f"{r.get('wall_speedup_vs_baseline', float('nan')):.2f}",
+                          f"{r.get('cpu_speedup_vs_baseline', float('nan')):.2f}")
+        _report(table, result, json_path)
+        return
     try:
         import cupy
         cupy.cuda.runtime.getDeviceCount()
@@ -38,7 +53,7 @@ def bench_verify(methods, vocab, gamma, batch, dtypes, reps, json_path):
     except cupy.cuda.runtime.CUDARuntimeError as exc:
         raise click.ClickException(f"bench verify needs a CUDA device ({exc})")
     result = bv.run(methods.split(","), _ints(vocab), _ints(gamma), _ints(batch), dtypes.split(","),
-                    reps=reps, progress=lambda g: tqdm(g, desc="configs", leave=False))
+                    reps=reps, progress=progress)
     table = Table(title=f"verify() on {result['device']} (copy bandwidth {result['copy_bandwidth_gbps']:.0f} GB/s)")
     for col in ("dtype", "V", "γ", "B", "method", "device µs", "wall µs", "GB/s", "% copy BW", "× baseline (wall)"):
         table.add_column(col, justify="right")
@@ -46,6 +61,11 @@ def bench_verify(methods, vocab, gamma, batch, dtypes, reps, json_path):
         table.add_row(r["dtype"], str(r["V"]), str(r["gamma"]), str(r["B"]), r["method"],
                       f"{r['device_us']:.1f}", f"{r['wall_us']:.1f}", f"{r['gbps']:.0f}",
                       f"{100 * r['copy_bw_fraction']:.0f}", f"{r.get('wall_speedup_vs_baseline', float('nan')):.1f}")
+    _report(table, result, json_path)
+
+
+def _report(table, result, json_path):
+    from rich.console import Console
     Console(width=160).print(table)
     if json_path:
         with open(json_path, "w") as f:

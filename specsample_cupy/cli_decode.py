@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import click
 
 from specsample_cupy.decoder import METHODS
+from specsample_cupy.verify import SAMPLING_ONLY
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 MAX_LISTED_ERRORS = 10
@@ -294,7 +295,7 @@ def decode(target, draft, prompt_texts, prompt_file, max_new_tokens, gamma, meth
     """
     if as_json and as_jsonl:
         raise click.UsageError("--json and --jsonl are exclusive")
-    if method in ("sigmoid", "baseline") and temperature == 0:
+    if method in SAMPLING_ONLY and temperature == 0:
         raise click.BadParameter(f"method {method!r} samples: use --temperature > 0, or --method greedy",
                                  param_hint="--temperature")
     prompts = read_prompts(prompt_texts, prompt_file)

@@ -34,12 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import time
 
 import numpy as np
 
-from specsample_cupy import errors
+from specsample_cupy import errors, kernel_runtime
 from specsample_cupy.decode_stats import Round
 from specsample_cupy.sampling import ROW_SAMPLER_MAX_V
 from specsample_cupy.sessions_static import StaticDecoderSession
@@ -55,15 +54,11 @@ class _Commit(ctypes.Structure):
                 ("src", ctypes.c_int64), ("dst", ctypes.c_int64)]
 
 
-@functools.lru_cache(maxsize=None)
-def _functions(device_id: int, tag: str, vec: int):
-    """decode_round.cu's (draft_step_done, round_done, compact_plan, target_step_done) as cupy.RawKernels."""
-    import cupy
-    from specsample_cupy import kernels
+def _functions(tag: str, vec: int):
+    """decode_round.cu's (draft_step_done, round_done, compact_plan, target_step_done) as cupy.RawKernels
+    for the current device."""
     names = (f"draft_step_done<{tag}, {vec}>", "round_done", "compact_plan", f"target_step_done<{tag}, {vec}>")
-    module = cupy.RawModule(code=kernels.kernel_source("decode_round.cu"), options=("--std=c++17",),
-                            name_expressions=names)
-    return tuple(module.get_function(name) for name in names)
+    return kernel_runtime.functions("decode_round.cu", names)
 
 
 def supported(target, draft, gamma_cap: int) -> str | None:
@@ -85,21 +80,21 @@ def supported(target, draft, gamma_cap: int) -> str | None:
 
 
 class _Launch:
-    """One kernel's prebuilt parameter block, with named slots."""
+    """One kernel's kernel_runtime.Launch with named slots, its Commit (passed by value, last) and grid.
+    Per _RoundBuffers, so one decoder's generate() at a time uses it: values written with set() stay
+    for later launches, and set_commit() edits the Commit in place between launches."""
 
-    def __init__(self, func, names_and_slots, commit: _Commit, grid: int):
-        from specsample_cupy import kernels
-        self.slots = dict(names_and_slots)
+    def __init__(self, kernel, names_and_slots, commit: _Commit, grid: int):
         self.commit = commit
         self.grid = grid
-        self.call = kernels.PrebuiltLaunch(func, [slot for _, slot in names_and_slots] + [commit])
+        self.launch = kernel_runtime.Launch(kernel, list(names_and_slots) + [("commit", commit)])
 
     def set(self, **values):
-        for name, value in values.items():
-            self.slots[name].value = value
+        self.launch.set(**values)
 
-    def __call__(self, stream):
-        self.call(stream, self.grid, THREADS)
+    def __call__(self, stream, **values):
+        """Launch with `values` written into their slots first."""
+        self.launch(stream, self.grid, THREADS, **values)
 
 
 def _copy_blocks(rows: int, words: int) -> int:
@@ -152,7 +147,7 @@ class _RoundBuffers:
         vec = 16 // target.logits_dtype.itemsize
         if self.V % vec:
             vec = 1
-        step_kernel, done_kernel, self.compact_plan, target_kernel = _functions(target.device_id, tag, vec)
+        step_kernel, done_kernel, self.compact_plan, target_kernel = _functions(tag, vec)
         self.target_steps = {}   # S -> the target's _Step
         if G == 0:
             self._build_target_only(target, target_kernel)
@@ -184,7 +179,7 @@ class _RoundBuffers:
         c, B, dev = ctypes, self.B, self.dev
         step = self.target_step(target, 1)
         commit = self._commit(target, step)
-        self.target_launch = _Launch(kernel.kernel.ptr, [
+        self.target_launch = _Launch(kernel, [
             ("logits", c.c_void_p(step.logits.data.ptr)), ("V", c.c_int32(self.V)), ("temperature", c.c_float()),
             ("seed", c.c_uint64()), ("offset", c.c_uint32(0)), ("feed", c.c_void_p(step.feed.data.ptr)),
             ("mask_t", c.c_void_p(dev["mask_t"].data.ptr)), ("C", c.c_int32(self.C)), ("L_run", c.c_int32(0)),
@@ -202,7 +197,7 @@ class _RoundBuffers:
         for i in range(G):
             step = self.draft_steps[min(i, 1)]
             commit = self._commit(draft, step)
-            self.step_launches.append(_Launch(step_kernel.kernel.ptr, [
+            self.step_launches.append(_Launch(step_kernel, [
                 ("logits", c.c_void_p(step.logits.data.ptr)), ("S_run", c.c_int32(step.steps)), ("V", c.c_int32(V)),
                 ("temperature", c.c_float()), ("seed", c.c_uint64()),
                 ("offset", c.c_uint32(0)), ("draft_logits", c.c_void_p(self.draft_logits.data.ptr)),
@@ -217,7 +212,7 @@ class _RoundBuffers:
                 commit, 2 * B + _copy_blocks(commit.rows, commit.words)))
         top = self.target_step(target, G + 1)
         commit = self._commit(target, top)
-        self.done_launch = _Launch(done_kernel.kernel.ptr, [
+        self.done_launch = _Launch(done_kernel, [
             ("verify_out", c.c_void_p(0)), ("G", c.c_int32(G)),
             ("target_feed", c.c_void_p(top.feed.data.ptr)), ("target_cols", c.c_int32(G + 1)),
             ("mask_t", c.c_void_p(dev["mask_t"].data.ptr)), ("mask_d", c.c_void_p(dev["mask_d"].data.ptr)),
@@ -266,10 +261,9 @@ class _RoundBuffers:
         for launch in self.step_launches:
             launch.set(temperature=temperature, seed=seed & (2 ** 64 - 1), pos_limit=pos_limit)
         done = self.done_launch
-        done.set(pad_id=pad_id, pos_limit=pos_limit, verify_out=self.no_verify.data.ptr, target_cols=0,
-                 report=self.first_report.data.ptr, G=gamma, gamma_next=gamma)
         done.commit.words = 0
-        done(stream)
+        done(stream, pad_id=pad_id, pos_limit=pos_limit, verify_out=self.no_verify.data.ptr, target_cols=0,
+             report=self.first_report.data.ptr, G=gamma, gamma_next=gamma)
 
 
 def round_buffers(decoder, B: int, C: int, P: int, G: int, E: int) -> _RoundBuffers:
@@ -409,11 +403,8 @@ class DeviceRounds:
         launch = buf.target_launch
         self.target.replay(buf.target_steps[1])
         self.tc.length += 1
-        launch.slots["offset"].value = r & 0xFFFFFFFF
-        launch.slots["L_run"].value = L
-        launch.slots["report"].value = report
         buf.set_commit(launch.commit, 1, L)
-        launch(self.stream)
+        launch(self.stream, offset=r & 0xFFFFFFFF, L_run=L, report=report)
 
     def _enqueue_speculative(self, r: int, gamma: int, report: int):
         buf, stream, B = self.buf, self.stream, self.B
@@ -426,10 +417,9 @@ class DeviceRounds:
             self.draft.replay(step)
             self.dc.length += step.steps
             last = i == gamma - 1
-            launch.set(offset=(base + i) & 0xFFFFFFFF, L_run=L, G=gamma, next_is_target=int(last),
-                       next_feed=(target_step if last else buf.draft_steps[1]).feed.data.ptr)
             buf.set_commit(launch.commit, step.steps, L)
-            launch(stream)
+            launch(stream, offset=(base + i) & 0xFFFFFFFF, L_run=L, G=gamma, next_is_target=int(last),
+                   next_feed=(target_step if last else buf.draft_steps[1]).feed.data.ptr)
         L = self.tc.length
         self.target.replay(target_step)
         self.tc.length += gamma + 1
@@ -444,11 +434,10 @@ class DeviceRounds:
                          temperature=self.temperature, seed=self.seed, offset=base + self.cap,
                          draft_lengths=buf.draft_len)
         done = buf.done_launch
-        done.set(verify_out=res.packed.data.ptr, L_target=L, report=report, G=gamma, target_cols=gamma + 1,
-                 target_feed=target_step.feed.data.ptr, gamma_next=self.gammas[r + 1])
         buf.set_commit(done.commit, gamma + 1, L)
         self._keep = res   # its buffer must outlive the launch
-        done(stream)
+        done(stream, verify_out=res.packed.data.ptr, L_target=L, report=report, G=gamma, target_cols=gamma + 1,
+             target_feed=target_step.feed.data.ptr, gamma_next=self.gammas[r + 1])
 
     def _wait(self, r: int):
         """Wait until round r's report is in host memory."""

@@ -25,8 +25,9 @@ from specsample_cupy.gamma_policy import REPROBE, make_policy
 from specsample_cupy.requests import Requests
 from specsample_cupy.sessions import DecoderSession, ModelSpec, array_module, check_pair, cuda_available
 from specsample_cupy.sessions_static import StaticDecoderSession
+from specsample_cupy.verify import METHODS as VERIFY_METHODS, SAMPLING_ONLY
 
-METHODS = ("exact", "sigmoid", "baseline", "greedy", "target")
+METHODS = VERIFY_METHODS + ("target",)
 
 
 def default_model_dir(role: str) -> Path:
@@ -192,7 +193,8 @@ class SpeculativeDecoder:
                 starting from what earlier calls with the same method, temperature and batch size
                 measured; when those say target-only decoding is faster, the call runs target-only
                 (stats["auto_target_only"]), speculating again every gamma_policy.REPROBE-th call.
-            method: "exact", "sigmoid", "baseline" or "greedy" (see verify()), or "target".
+            method: "exact", "sigmoid", "sigmoid-paper", "baseline" or "greedy" (see verify()), or
+                "target".
             temperature: sampling temperature of both models; 0 is greedy.
             seed: keys the random numbers; the same seed gives the same tokens on CPU and GPU (up to
                 float near-ties).
@@ -277,7 +279,7 @@ class SpeculativeDecoder:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if not (np.isfinite(temperature) and temperature >= 0):
             raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-        if method in ("sigmoid", "baseline") and temperature == 0:
+        if method in SAMPLING_ONLY and temperature == 0:
             raise ValueError(f"method={method!r} needs temperature > 0; use method='greedy'")
         if not isinstance(gamma, (int, np.integer)) or isinstance(gamma, bool):
             raise ValueError(f"gamma must be an int >= 0 or 'auto', got {gamma!r}")

@@ -10,6 +10,7 @@ from numbers import Real
 
 import numpy as np
 
+from specsample_cupy import kernel_runtime
 from specsample_cupy.philox import PURPOSE_SAMPLE
 from specsample_cupy.verify import verify
 
@@ -44,24 +45,20 @@ ROW_SAMPLER_MAX_V = 32768   # rows up to this long: kernels_cu/sample_rows.cu, o
 
 
 class _RowSampler:
-    """kernels_cu/sample_rows.cu through the driver with a prebuilt parameter block."""
+    """kernels_cu/sample_rows.cu through a kernel_runtime.Launch; one per (device, dtype, vector width),
+    shared by every thread (the Launch serialises their calls)."""
 
     def __init__(self, tag, vec):
-        import cupy
-        from specsample_cupy import kernels
-        name = f"sample_rows_kernel<{tag}, {vec}>"
-        module = cupy.RawModule(code=kernels.kernel_source("sample_rows.cu"), options=("--std=c++17",),
-                                name_expressions=[name])
+        kernel, = kernel_runtime.functions("sample_rows.cu", (f"sample_rows_kernel<{tag}, {vec}>",))
         c = ctypes
-        self.launch = kernels.PrebuiltLaunch(module.get_function(name).kernel.ptr, [
+        self.launch = kernel_runtime.Launch(kernel, [
             c.c_void_p(), c.c_int32(), c.c_float(), c.c_uint64(), c.c_uint32(), c.c_uint32(PURPOSE_SAMPLE),
-            c.c_void_p()])
+            ("tokens", c.c_void_p())])
 
     def __call__(self, logits, temperature, seed, offset, tokens, stream):
         B, V = logits.shape
-        self.launch.set((logits.data.ptr, V, temperature, seed & 0xFFFFFFFFFFFFFFFF, offset & 0xFFFFFFFF))
-        self.launch.args[6].value = tokens.data.ptr
-        self.launch(stream, B, 256)
+        self.launch(stream, B, 256, leading=(logits.data.ptr, V, temperature, seed & 0xFFFFFFFFFFFFFFFF,
+                                             offset & 0xFFFFFFFF), tokens=tokens.data.ptr)
 
 
 @functools.lru_cache(maxsize=None)

@@ -31,6 +31,7 @@ import itertools
 
 import numpy as np
 
+from specsample_cupy import kernel_runtime
 from specsample_cupy.sessions import DecoderSession, ModelSpec, run_options
 from specsample_cupy.sessions_cache import KVCache
 
@@ -43,22 +44,21 @@ _H2D, _D2D = 1, 3         # cudaMemcpyKind
 
 
 class _WidenIds:
-    """kernels_cu/feeds.cu's widen_ids through the driver with a prebuilt parameter block (a few µs
-    of host time, against ~15 for an elementwise CuPy assignment): int32 draft tokens into int64 ids."""
+    """kernels_cu/feeds.cu's widen_ids through a kernel_runtime.Launch (a few µs of host time, against
+    ~15 for an elementwise CuPy assignment): int32 draft tokens into int64 ids. One per device, shared
+    by every session and thread (the Launch serialises their calls)."""
 
     def __init__(self):
-        import cupy
-        from specsample_cupy import kernels
-        func = cupy.RawModule(code=kernels.kernel_source("feeds.cu")).get_function("widen_ids").kernel.ptr
+        kernel, = kernel_runtime.functions("feeds.cu", ("widen_ids",))
         c = ctypes
-        self.launch = kernels.PrebuiltLaunch(func, [c.c_void_p(), c.c_int32(), c.c_void_p(), c.c_int32(),
-                                                    c.c_int32(), c.c_int32(), c.c_int32()])
+        self.launch = kernel_runtime.Launch(kernel, [c.c_void_p(), c.c_int32(), c.c_void_p(), c.c_int32(),
+                                                     c.c_int32(), c.c_int32(), c.c_int32()])
 
     def __call__(self, src, dst, vocab: int, stream):
         """dst [B, k] int64 = src [B, k] int32; both with unit column stride, any row pitch."""
         rows, cols = src.shape
-        self.launch.set((src.data.ptr, src.strides[0] // 4, dst.data.ptr, dst.strides[0] // 8, rows, cols, vocab))
-        self.launch(stream, -(-(rows * cols) // 128), 128)
+        self.launch(stream, -(-(rows * cols) // 128), 128,
+                    leading=(src.data.ptr, src.strides[0] // 4, dst.data.ptr, dst.strides[0] // 8, rows, cols, vocab))
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,10 +6,15 @@ import numpy as np
 from specsample_cupy import errors
 from specsample_cupy.philox import PURPOSE_RESIDUAL
 
-METHODS = ("exact", "sigmoid", "baseline", "greedy")
+# "sigmoid-paper" is method="sigmoid" with sigmoid_variant="paper" (one name for tables and the CLI).
+METHODS = ("exact", "sigmoid", "sigmoid-paper", "baseline", "greedy")
+SAMPLING_ONLY = ("sigmoid", "sigmoid-paper", "baseline")   # no greedy mode: temperature must be > 0
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # The paper's released code: sigmoid((z + 10000) / 20000).
 SIGMOID_OFFSET, SIGMOID_SCALE = -10000.0, 20000.0
+# method="sigmoid": "softmax-bonus" (the default: the bonus token exactly from softmax) or "paper"
+# (the paper's released code as written); reference.reference_verify states both rules.
+SIGMOID_VARIANTS = ("softmax-bonus", "paper")
 
 
 class VerifyResult:
@@ -139,14 +144,16 @@ def _check_seed(arg, v, xp):
 
 def verify(draft_tokens, draft_logits, target_logits, *, method="exact", temperature=1.0, seed=0,
            offset=0, draft_lengths=None, probs=False, sigmoid_offset=SIGMOID_OFFSET,
-           sigmoid_scale=SIGMOID_SCALE, logits_dtype=None, plan=None, _race_purpose=PURPOSE_RESIDUAL):
+           sigmoid_scale=SIGMOID_SCALE, sigmoid_variant="softmax-bonus", logits_dtype=None, plan=None,
+           _race_purpose=PURPOSE_RESIDUAL):
     """Verify gamma draft tokens per request against the target model.
 
     Args:
         draft_tokens: [B, gamma] int32/int64, the draft's proposals.
         draft_logits: [B, gamma, V] float32/float16/bfloat16, the draft's logits at those positions.
         target_logits: [B, gamma+1, V], same dtype, the target's logits (one more position).
-        method: "exact" (fused kernel, exact in distribution), "sigmoid" (the paper's element-wise
+        method: "exact" (fused kernel, exact in distribution), "sigmoid" / "sigmoid-paper" (the
+            latter is sigmoid_variant="paper") (the paper's element-wise
             sigmoid in place of softmax; approximate), "baseline" (op-by-op, as Hugging Face
             assisted generation), "greedy" (accept while the draft is the target's argmax).
         temperature: scalar or [B] float array; divides both models' logits (see "Temperature 0").
@@ -158,6 +165,16 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
             drafts (0..gamma), later positions are ignored.
         probs: the two arrays already hold probabilities (temperature must be the scalar 1).
         sigmoid_offset, sigmoid_scale: p~ = sigmoid((z - offset) / scale) for method="sigmoid".
+        sigmoid_variant: method="sigmoid" only. Both accept draft i while u * q~(x_i) <= p~(x_i)
+            (no softmax statistics). "softmax-bonus" (default):
+            at the first rejection sample from max(0, p~ - q~) (normalised), and when every draft
+            is accepted draw the bonus token exactly from softmax(z / T). "paper": the paper's
+            released code (speculative_sampling_fp32_sigmoid.cu) as written: p~ is 0 below and 1
+            above the window (z - offset) / scale in [0, 1]; a rejection samples in proportion to
+            max(1e-5, max(0, p~ - q~) / (1e-6 + its sum)), the bonus token in proportion to
+            max(1e-5, z / T) (the raw logits, not a softmax). Both are approximations: with the
+            default offset and scale p~ / q~ is within a few 1e-4 of 1, so nearly every draft is
+            accepted and the output follows the draft's distribution, not the target's.
         logits_dtype: "bfloat16" to read uint16 arrays as bfloat16 (CuPy has no bfloat16 dtype).
         plan: None or a specsample_cupy.kernels.PlanOptions: explicit launch-plan parameters of the
             CuPy kernels (tuning, tests, line info for compute-sanitizer); the result does not
@@ -201,6 +218,8 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "sigmoid-paper":
+        method, sigmoid_variant = "sigmoid", "paper"
     xp = _module(draft_tokens, draft_logits, target_logits)
     _check_shapes(draft_tokens, draft_logits, target_logits)
     dtype_name = _float_dtype_name(target_logits, "target_logits", logits_dtype)
@@ -222,13 +241,18 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
         raise ValueError(f"method={method!r} needs temperature > 0; use method='greedy'")
     if not sigmoid_scale > 0:
         raise ValueError(f"sigmoid_scale must be > 0, got {sigmoid_scale}")
+    if sigmoid_variant not in SIGMOID_VARIANTS:
+        raise ValueError(f"sigmoid_variant must be one of {SIGMOID_VARIANTS}, got {sigmoid_variant!r}")
     for arg, v in (("seed", seed), ("offset", offset)):
         _check_seed(arg, v, xp)
     if plan is not None:
         from specsample_cupy.kernels import PlanOptions
         if not isinstance(plan, PlanOptions):
             raise TypeError(f"plan must be None or a specsample_cupy.kernels.PlanOptions, got {type(plan).__name__}")
-    mode = "probs" if probs else ("sigmoid" if method == "sigmoid" else "logits")
+    if method == "sigmoid":
+        mode = "sigmoid-paper" if sigmoid_variant == "paper" else "sigmoid"
+    else:
+        mode = "probs" if probs else "logits"
 
     if draft_tokens.dtype.char not in "il":
         draft_tokens = draft_tokens.astype(xp.int64)
@@ -276,7 +300,8 @@ def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
         return VerifyResult.from_arrays(cupy, *baseline_verify(draft_tokens, draft, target, lengths, temps,
                                                                probs=mode == "probs", seed=int(seed), xp=cupy))
     from specsample_cupy import kernels
-    kmode = {"logits": kernels.MODE_LOGITS, "probs": kernels.MODE_PROBS, "sigmoid": kernels.MODE_SIGMOID}[mode]
+    kmode = {"logits": kernels.MODE_LOGITS, "probs": kernels.MODE_PROBS, "sigmoid": kernels.MODE_SIGMOID,
+             "sigmoid-paper": kernels.MODE_SIGMOID_PAPER}[mode]
     out = kernels.launch(draft_tokens, draft, target, dtype_name=dtype_name, lengths=lengths, temps=temps,
                          temp_scalar=temp_scalar, seed=seed, offset=offset, mode=kmode,
                          sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale, race_purpose=race_purpose,

@@ -1,19 +1,47 @@
-"""WER and ROUGE plumbing on known strings."""
+"""WER and ROUGE plumbing on known strings; WER normalisation is Whisper's English normaliser."""
 import pytest
 
-from specsample_cupy.tasks.metrics import corpus_wer, normalize_text, rouge_scores
+from specsample_cupy.tasks.metrics import corpus_wer, normalize_text, normalizer_name, rouge_scores
 
 
 @pytest.mark.parametrize("raw, expected", [
-    ("Mr. Smith won't go, he said \"hello\"!", "mister smith will not go he said hello"),
-    ("  HELLO,   World ", "hello world"),
-    ("[noise] uh I mean (laughs) it's fine", "i mean it's fine"),
-    ("Café — naïve…", "cafe naive"),
-    ("It cost 1,000 dollars & 3.5 cents", "it cost 1000 dollars and 3 point 5 cents"),
-    ("'quoted' o'clock", "quoted o'clock"),
+    # numbers: spelled-out numbers become digits, successive single digits one number
+    ("twenty three", "23"),
+    ("Twenty-three", "23"),
+    ("five five", "55"),
+    ("one oh one", "101"),
+    ("seventy five percent", "75%"),
+    ("the first of May", "the 1st of may"),
+    # punctuation
+    ("Hello, world!", "hello world"),
+    ("He was not an ill-disposed young man.", "he was not an ill disposed young man"),
+    ("Café — naïve", "cafe naive"),
+    # casing
+    ("  HELLO   World ", "hello world"),
+    # contractions and titles
+    ("Mr. Smith won't go", "mister smith will not go"),
+    ("it's fine, I'm sure they're here", "it is fine i am sure they are here"),
+    # British spellings, hesitations and bracketed noise
+    ("[noise] uh I mean (laughs) the colour", "i mean the color"),
 ])
-def test_normalize_text(raw, expected):
+def test_normalize_text_is_whispers_english_normaliser(raw, expected):
     assert normalize_text(raw) == expected
+
+
+@pytest.mark.parametrize("reference, hypothesis", [
+    ("twenty three people came", "23 people came."),
+    ("call five five", "Call 55"),
+    ("He won't say MISTER Brown's colour", "he will not say Mr. Brown's color"),
+])
+def test_spoken_and_written_forms_score_no_errors(reference, hypothesis):
+    assert corpus_wer([reference], [hypothesis])["errors"] == 0
+
+
+def test_wer_names_its_normaliser():
+    name = normalizer_name()
+    assert name.startswith("whisper_normalizer.english.EnglishTextNormalizer ")
+    assert corpus_wer(["a"], ["a"])["normalizer"] == name
+    assert corpus_wer(["a"], ["a"], normalize=False)["normalizer"] is None
 
 
 def test_corpus_wer_counts_errors_over_reference_words():
@@ -54,7 +82,8 @@ def test_task_modules_import_without_torch():
     import sys
 
     code = ("import sys, cli, specsample_cupy.cli_eval, specsample_cupy.tasks.asr, "
-            "specsample_cupy.tasks.summarize, specsample_cupy.tasks.audio, models.build_tiny_whisper; "
+            "specsample_cupy.tasks.summarize, specsample_cupy.tasks.audio, models.build_tiny_whisper, "
+            "models.fetch_whisper_base, whisper_normalizer.english; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     from pathlib import Path
 

@@ -6,11 +6,11 @@ from importlib import resources
 
 import pytest
 
-from specsample_cupy import errors, kernels, philox
+from specsample_cupy import errors, kernel_runtime, kernels, philox
 
 
 def test_generated_header_defines_every_code_and_purpose():
-    text = kernels.codes_header()
+    text = kernel_runtime.codes_header()
     defines = dict(re.findall(r"^#define (SS_\w+) (\d+)u$", text, flags=re.M))
     assert {k: int(v) for k, v in defines.items() if k.startswith("SS_ERR_")} == errors.MACROS
     assert {k[len("SS_PURPOSE_"):]: int(v) for k, v in defines.items() if k.startswith("SS_PURPOSE_")} == \
@@ -31,7 +31,7 @@ def _sources():
 
 @pytest.mark.parametrize("name", _sources())
 def test_every_source_gets_the_generated_header_inlined(name):
-    text = kernels.kernel_source(name)
+    text = kernel_runtime.kernel_source(name)
     assert not re.search(r'^#include "', text, flags=re.M), "a local include was left in"
     if "philox.cuh" in _included(name) or name == "verify.cu":
         assert text.count("#define SS_CODES_CUH") == 1
@@ -42,7 +42,7 @@ def _included(name, seen=None):
     seen = set() if seen is None else seen
     root = resources.files("kernels_cu")
     for inc in re.findall(r'^#include "([^"]+)"', root.joinpath(name).read_text(), flags=re.M):
-        if inc not in seen and inc != kernels.CODES_HEADER:
+        if inc not in seen and inc != kernel_runtime.CODES_HEADER:
             seen.add(inc)
             _included(inc, seen)
     return seen
@@ -52,7 +52,7 @@ def test_no_source_contradicts_the_generated_codes():
     """Hand-written #defines of SS_ERR_* / SS_PURPOSE_* are gone from the verification kernel; any
     left elsewhere must at least equal the generated value (an identical redefinition compiles)."""
     root = resources.files("kernels_cu")
-    generated = dict(re.findall(r"^#define (SS_\w+) (\S+)$", kernels.codes_header(), flags=re.M))
+    generated = dict(re.findall(r"^#define (SS_\w+) (\S+)$", kernel_runtime.codes_header(), flags=re.M))
     assert not (root / "codes.cuh").is_file(), "codes.cuh is generated, never a file"
     for path in root.iterdir():
         if not path.name.endswith((".cu", ".cuh")):
@@ -64,8 +64,9 @@ def test_no_source_contradicts_the_generated_codes():
 
 
 def test_no_environment_switches_in_the_kernel_loader():
-    src = inspect.getsource(kernels)
-    assert "os.environ" not in src and "getenv" not in src
+    for module in (kernels, kernel_runtime):
+        src = inspect.getsource(module)
+        assert "os.environ" not in src and "getenv" not in src
     block_reduce = resources.files("kernels_cu").joinpath("block_reduce.cuh").read_text()
     assert "OrInt" not in block_reduce
 

@@ -17,6 +17,7 @@ import pytest
 
 from helpers_verify import random_problem, softmax
 from specsample_cupy import errors, verify
+from specsample_cupy.verify import SAMPLING_ONLY
 
 B, G, V = 4, 3, 24
 S = 1                     # the request that gets the edge case
@@ -28,6 +29,7 @@ COMBOS = {                # id -> (method, probs)
     "exact-logits": ("exact", False),
     "exact-probs": ("exact", True),
     "sigmoid-logits": ("sigmoid", False),
+    "sigmoid-paper-logits": ("sigmoid-paper", False),
     "baseline-logits": ("baseline", False),
     "baseline-probs": ("baseline", True),
     "greedy-logits": ("greedy", False),
@@ -160,11 +162,11 @@ CASES = {
     "lengths_ragged": Case(lambda p: setattr(p, "lengths", np.array([0, 1, 2, 3], np.int32)), nothing, _all(0),
                            matches_twin=True),
     "temperature_zero": Case(lambda p: _temps(p), lambda p, probs: _temps(p, 0.0),
-                             _logits_temps(lambda m: TEMP if m in ("sigmoid", "baseline") else 0)),
+                             _logits_temps(lambda m: TEMP if m in SAMPLING_ONLY else 0)),
     "temperature_negative": Case(lambda p: _temps(p), lambda p, probs: _temps(p, -0.5), _logits_temps(lambda m: TEMP)),
     "temperature_nan": Case(lambda p: _temps(p), lambda p, probs: _temps(p, np.nan), _logits_temps(lambda m: TEMP)),
     "scalar_temperature_zero": Case(nothing, lambda p, probs: setattr(p, "temperature", 0.0),
-                                    lambda method, probs: ValueError if probs or method in ("sigmoid", "baseline")
+                                    lambda method, probs: ValueError if probs or method in SAMPLING_ONLY
                                     else 0, others_match=False),
     "several_codes": Case(nothing, _edit_many(_put("target", (S, 0, 1), np.nan), _put("tokens", (S, 1), V),
                                               lambda p, probs: _lengths(p, G + 2)),
@@ -195,7 +197,7 @@ def run(p, combo, xp=np, seed=5, offset=11):
     temperature = to(p.temperature) if isinstance(p.temperature, np.ndarray) else p.temperature
     # sigmoid(z) itself (offset 0, scale 1): weights far apart, so drafts get rejected and the
     # residual max(0, p - q) has no float cancellation to tell float32 from float64 apart.
-    kw = dict(sigmoid_offset=0.0, sigmoid_scale=1.0) if method == "sigmoid" else {}
+    kw = dict(sigmoid_offset=0.0, sigmoid_scale=1.0) if method in ("sigmoid", "sigmoid-paper") else {}
     return verify(to(p.tokens), to(p.draft), to(p.target), method=method, probs=probs, temperature=temperature,
                   draft_lengths=None if p.lengths is None else to(p.lengths), seed=seed, offset=offset, **kw)
 

@@ -34,6 +34,8 @@ CONFIGS = [
     (1000, 3, 3000, "float32", 1.0, True, "probs"),
     (1000, 5, 2000, "float32", 1.0, False, "sigmoid"),
     (500, 5, 2000, "float16", 1.0, True, "sigmoid"),
+    (1000, 5, 2000, "float32", 1.0, True, "sigmoid-paper"),
+    (500, 4, 3000, "float16", 0.8, False, "sigmoid-paper"),
     (500, 4, 1500, "float32", 0.0, True, "greedy"),
     (8, 5, 151936, "float32", 1.0, False, "exact"),
     (4, 5, 256000, "float16", 1.0, True, "exact"),

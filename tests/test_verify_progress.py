@@ -40,7 +40,8 @@ def _finished(what):
     wait_or_fail([ev], TIMEOUT_S, what)
 
 
-@pytest.mark.parametrize("method, probs", [("exact", False), ("exact", True), ("sigmoid", False), ("greedy", False)])
+@pytest.mark.parametrize("method, probs", [("exact", False), ("exact", True), ("sigmoid", False),
+                                           ("sigmoid-paper", False), ("greedy", False)])
 def test_two_streams_at_once_match_sequential(method, probs):
     import cupy as cp
     problems = [_problem(10 + k, probs=probs) for k in range(2)]
@@ -68,11 +69,12 @@ def test_two_streams_at_once_match_sequential(method, probs):
 
 
 @pytest.mark.parametrize("method, probs", [("exact", False), ("exact", True), ("sigmoid", False), ("greedy", False),
-                                           ("greedy", True)])
+                                           ("sigmoid-paper", False), ("greedy", True)])
 def test_oversubscribed_and_single_block_grids_match_the_default_plan(method, probs):
-    from specsample_cupy.kernels import MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, PlanOptions, plan_info
+    from specsample_cupy.kernels import (MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, MODE_SIGMOID_PAPER, PlanOptions,
+                                         plan_info)
     problem = _problem(20, probs=probs)
-    mode = MODE_PROBS if probs else (MODE_SIGMOID if method == "sigmoid" else MODE_LOGITS)
+    mode = MODE_PROBS if probs else {"sigmoid": MODE_SIGMOID, "sigmoid-paper": MODE_SIGMOID_PAPER}.get(method, MODE_LOGITS)
     info = plan_info(*problem[:3], dtype_name="float32", mode=mode)
     assert info["grid"] <= info["capacity"]
     default = _call(problem, method, probs, seed=4).packed.copy()
@@ -107,11 +109,11 @@ def test_occupancy_counts_the_dynamic_shared_memory():
     """The default grid never exceeds what fits with the launch's dynamic shared memory: a large
     gamma makes the per-request row statistics (12 bytes a row) sizeable."""
     import cupy as cp
-    from specsample_cupy import kernels
+    from specsample_cupy import kernel_runtime, kernels
     problem = _problem(40, B=16, G=200, V=1024)
     info = kernels.plan_info(*problem[:3], dtype_name="float32", mode=kernels.MODE_LOGITS)
     name = kernels.name_expression("f32", "int", 4, kernels.MODE_LOGITS)
-    kern = kernels._kernel(cp.cuda.runtime.getDevice(), name, False)
+    kern, = kernel_runtime.functions("verify.cu", (name,))
     per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kern.kernel.ptr, kernels.THREADS,
                                                                       (2 * 200 + 1) * 12)
     assert info["capacity"] == per_sm * cp.cuda.Device().attributes["MultiProcessorCount"]

@@ -17,7 +17,7 @@ from specsample_cupy.tasks.datasets import NoUsableItems, Skipped, load_asr_item
 from specsample_cupy.tasks.evaluation import (RunSettings, finish_report, item_record,
                                               progress_bar)
 from specsample_cupy.tasks.instrumented import StepRecorder
-from specsample_cupy.tasks.metrics import corpus_wer
+from specsample_cupy.tasks.metrics import corpus_wer, normalizer_name
 from specsample_cupy.tasks.whisper_config import check_pair
 from specsample_cupy.tasks.whisper_session import WhisperDecoderSession, WhisperModel
 
@@ -128,6 +128,10 @@ def run_asr(target, draft, data, settings: RunSettings, *, device=None, limit=No
               "device": decoder.device, "methods": methods, "gamma": settings.gamma,
               "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature,
               "seed": settings.seed, "language": language, "task_name": task,
-              "prompt_ids": decoder.prompt_ids, "items_evaluated": len(records[methods[0]])}
-    return finish_report("asr", header, records, accuracy, skipped, json_path=json_path,
-                         plot_path=plot_path, echo=echo)
+              "prompt_ids": decoder.prompt_ids, "items_evaluated": len(records[methods[0]]),
+              "normalizer": normalizer_name()}
+    report = finish_report("asr", header, records, accuracy, skipped, json_path=json_path,
+                           plot_path=plot_path, echo=echo)
+    # WERs are only comparable under the same normaliser: say which one these are.
+    echo(f"WER on texts normalised by {header['normalizer']}")
+    return report

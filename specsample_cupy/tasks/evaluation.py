@@ -8,10 +8,11 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from specsample_cupy.verify import SAMPLING_ONLY
 from specsample_cupy.tasks.report import (add_relative_changes, plot_verify_times, render_table,
                                           summarize_method, write_json)
 
-VERIFY_METHODS = ("baseline", "exact", "sigmoid", "greedy")
+VERIFY_METHODS = ("baseline", "exact", "sigmoid", "sigmoid-paper", "greedy")
 ALL_METHODS = VERIFY_METHODS + ("target",)
 DEFAULT_METHODS = ("baseline", "exact", "sigmoid", "target")
 
@@ -43,8 +44,8 @@ class RunSettings:
             raise ValueError("--gamma must be at least 1")
         if self.max_new_tokens < 1:
             raise ValueError("--max-new-tokens must be at least 1")
-        if self.temperature == 0 and any(m in ("baseline", "sigmoid") for m in self.methods):
-            raise ValueError("methods 'baseline' and 'sigmoid' sample: use --temperature > 0 "
+        if self.temperature == 0 and any(m in SAMPLING_ONLY for m in self.methods):
+            raise ValueError(f"methods {', '.join(SAMPLING_ONLY)} sample: use --temperature > 0 "
                              "(or method 'greedy' for temperature 0)")
 
 

@@ -1,62 +1,34 @@
 """Accuracy metrics for the task evaluations: word error rate and ROUGE.
 
-WER follows the usual Whisper evaluation: both reference and hypothesis are
-normalised first (a compact subset of Whisper's ``EnglishTextNormalizer``),
-then word-level edit operations are counted with ``jiwer``; the corpus WER is
-total errors over total reference words, not a mean of per-utterance rates.
+WER follows the usual Whisper evaluation: both reference and hypothesis go
+through Whisper's ``EnglishTextNormalizer`` (the ``whisper-normalizer``
+package's copy of OpenAI's code, so scores compare with published tables:
+spelled-out numbers become digits, British spellings American, contractions
+and titles are expanded), then word-level edit operations are counted with
+``jiwer``; the corpus WER is total errors over total reference words, not a
+mean of per-utterance rates.
 """
 from __future__ import annotations
 
-import re
-import unicodedata
+import functools
+from importlib.metadata import version
 
-# Spoken-form expansions Whisper's English normaliser applies, so that a
-# hypothesis "Mr. Smith won't" matches a reference "mister smith will not".
-_TITLES = {
-    r"\bmr\b": "mister", r"\bmrs\b": "missus", r"\bms\b": "miss", r"\bdr\b": "doctor",
-    r"\bprof\b": "professor", r"\bst\b": "saint", r"\bjr\b": "junior", r"\bsr\b": "senior",
-    r"\bcapt\b": "captain", r"\bgen\b": "general", r"\bgov\b": "governor", r"\blt\b": "lieutenant",
-    r"\bsgt\b": "sergeant", r"\brev\b": "reverend", r"\bhon\b": "honorable",
-}
-_CONTRACTIONS = {
-    r"\bwon't\b": "will not", r"\bcan't\b": "can not", r"\blet's\b": "let us",
-    r"\bain't\b": "aint", r"\by'all\b": "you all", r"\bwanna\b": "want to",
-    r"\bgotta\b": "got to", r"\bgonna\b": "going to", r"\bi'ma\b": "i am going to",
-    r"\bimma\b": "i am going to", r"\bwoulda\b": "would have", r"\bcoulda\b": "could have",
-    r"\bshoulda\b": "should have", r"\bma'am\b": "madam",
-    r"n't\b": " not", r"'re\b": " are", r"'d\b": " would", r"'ll\b": " will",
-    r"'t\b": " not", r"'ve\b": " have", r"'m\b": " am",
-}
-# Hesitations are not words in LibriSpeech-style references.
-_FILLERS = re.compile(r"\b(hmm+|mm+|mhm|uh+|um+|ah+|er+)\b")
-_BRACKETS = re.compile(r"[<\[][^>\]]*[>\]]|\([^)]*\)")
-_SYMBOLS = {"%": " percent ", "&": " and ", "@": " at ", "+": " plus ", "$": " dollars "}
-_NON_WORD = re.compile(r"[^\w\s']|_")
+
+@functools.cache
+def _english_normalizer():
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    return EnglishTextNormalizer()
+
+
+def normalizer_name() -> str:
+    """What reports print next to a WER: the normaliser's class and package version."""
+    return f"whisper_normalizer.english.EnglishTextNormalizer {version('whisper-normalizer')}"
 
 
 def normalize_text(text: str) -> str:
-    """Lower-case, spell out titles/contractions, drop fillers, brackets and punctuation.
-
-    Apostrophes survive inside words ("o'clock") but not at word edges.
-    """
-    s = unicodedata.normalize("NFKC", text or "").lower()
-    s = s.replace("\u2019", "'").replace("\u2018", "'")
-    s = _BRACKETS.sub(" ", s)                     # [noise], <unk>, (laughs)
-    # Strip accents: Whisper's normaliser maps "café" to "cafe".
-    s = "".join(c for c in unicodedata.normalize("NFKD", s) if not unicodedata.combining(c))
-    for symbol, word in _SYMBOLS.items():
-        s = s.replace(symbol, word)
-    s = re.sub(r"(\d),(\d)", r"\1\2", s)          # 1,000 -> 1000
-    s = re.sub(r"\.(?=\s|$)", " ", s)             # sentence dots; keep "3.5"
-    for pattern, repl in _TITLES.items():
-        s = re.sub(pattern, repl, s)
-    for pattern, repl in _CONTRACTIONS.items():
-        s = re.sub(pattern, repl, s)
-    s = re.sub(r"(\d)\.(\d)", r"\1 point \2", s)
-    s = _NON_WORD.sub(" ", s)
-    s = re.sub(r"(^|\s)'+|'+(?=\s|$)", " ", s)    # quotes, not apostrophes
-    s = _FILLERS.sub(" ", s)
-    return " ".join(s.split())
+    """Whisper's English normalisation, with runs of spaces collapsed."""
+    return " ".join(_english_normalizer()(text or "").split())
 
 
 def word_errors(reference: str, hypothesis: str) -> dict:
@@ -87,7 +59,11 @@ def utterance_wer(counts: dict) -> float:
 
 
 def corpus_wer(references: list[str], hypotheses: list[str], *, normalize: bool = True) -> dict:
-    """Corpus WER plus per-utterance counts: {"wer", "errors", "ref_words", "per_item": [...]}."""
+    """Corpus WER plus per-utterance counts.
+
+    Returns {"wer", "errors", "ref_words", "normalizer", "per_item": [...]};
+    ``normalizer`` names what normalised the texts (None with ``normalize=False``).
+    """
     if len(references) != len(hypotheses):
         raise ValueError("references and hypotheses differ in length")
     per_item, errors, words = [], 0, 0
@@ -100,7 +76,8 @@ def corpus_wer(references: list[str], hypotheses: list[str], *, normalize: bool 
         errors += c["substitutions"] + c["deletions"] + c["insertions"]
         words += c["ref_words"]
     wer = errors / words if words else (0.0 if errors == 0 else float("inf"))
-    return {"wer": wer, "errors": errors, "ref_words": words, "per_item": per_item}
+    return {"wer": wer, "errors": errors, "ref_words": words,
+            "normalizer": normalizer_name() if normalize else None, "per_item": per_item}
 
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
