@@ -109,7 +109,7 @@ struct Verifier {
   static constexpr int LOADS = VEC == 4 ? 8 : (MODE == SS_MODE_PROBS ? 2 : 4);
 
   const TOK* draft_tokens;
-  const S* draft;
+  const S* draft;   // null: one-hot drafts (a deterministic drafter, e.g. n-gram lookup; see below)
   const S* target;
   const int* lengths;
   const float* temps;
@@ -142,9 +142,10 @@ struct Verifier {
     return rq;
   }
 
-  // Rows read for request b: target rows 0..L, and draft rows 0..L-1 unless the request is greedy.
+  // Rows read for request b: target rows 0..L, and draft rows 0..L-1 unless the request is greedy
+  // or the drafts are one-hot (no draft rows: q(x_i) = 1, the residual is p without x_n).
   __device__ __forceinline__ bool row_active(const Request& rq, bool is_target, int i) const {
-    return is_target ? i <= rq.L : (i < rq.L && !rq.greedy);
+    return is_target ? i <= rq.L : (i < rq.L && !rq.greedy && draft != nullptr);
   }
   // Rows with P1 items of their own: paper mode reads target row i < L in draft row i's items.
   __device__ __forceinline__ bool row_scanned(const Request& rq, bool is_target, int i) const {
@@ -158,6 +159,7 @@ struct Verifier {
     if constexpr (MODE == SS_MODE_SIGMOID_PAPER) {
       if (t < 0.f) return 0.f;
       if (t > 1.f) return 1.f;
+      return __fdividef(1.f, 1.f + __expf(-t));   // t in [0, 1]: the fast forms are accurate here
     }
     return 1.f / (1.f + expf(-t));
   }
@@ -250,19 +252,30 @@ struct Verifier {
   __device__ __forceinline__ void scan_pair(const S* prow, const S* qrow, int lo, int hi, float inv_t,
                                             SoftmaxStat& st, bool& bad_p, bool& bad_q) const {
     constexpr int STEP = SS_THREADS * VEC;
+    constexpr int U = LOADS / 2 > 0 ? LOADS / 2 : 1;   // 16-byte loads in flight per row
     float mp = -SS_INF, mq = -SS_INF;
-    for (int base = lo + threadIdx.x * VEC; base < hi; base += STEP) {
-      float p[VEC], q[VEC];
-      load_vec<T, VEC>(prow + base, p);
-      load_vec<T, VEC>(qrow + base, q);
+    for (int base = lo + threadIdx.x * VEC; base < hi; base += U * STEP) {
+      float p[U][VEC], q[U][VEC];
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        bad_p |= !(p[e] < SS_INF);
-        bad_q |= !(q[e] < SS_INF);
-        mp = fmaxf(mp, p[e]);
-        mq = fmaxf(mq, q[e]);
-        st.s += fmaxf(sigma(p[e] * inv_t) - sigma(q[e] * inv_t), 0.f);
+      for (int u = 0; u < U; ++u) {
+        if (base + u * STEP < hi) {
+          load_vec<T, VEC>(prow + base + u * STEP, p[u]);
+          load_vec<T, VEC>(qrow + base + u * STEP, q[u]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) p[u][e] = q[u][e] = -SS_INF;   // sigma'(-inf) = 0: adds nothing
+        }
       }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          bad_p |= !(p[u][e] < SS_INF);
+          bad_q |= !(q[u][e] < SS_INF);
+          mp = fmaxf(mp, p[u][e]);
+          mq = fmaxf(mq, q[u][e]);
+          st.s += fmaxf(sigma(p[u][e] * inv_t) - sigma(q[u][e] * inv_t), 0.f);
+        }
     }
     st.m = mq * inv_t;
     st.arg = __float_as_int(mp * inv_t);
@@ -368,7 +381,7 @@ struct Verifier {
       if (g.in_range) {
         g.x = (int)x;
         g.z = decode<T>(target_row(b, i)[x]) * rq.inv_t;
-        if (!rq.greedy) g.y = decode<T>(draft_row(b, i)[x]) * rq.inv_t;
+        if (!rq.greedy && draft) g.y = decode<T>(draft_row(b, i)[x]) * rq.inv_t;
         g.u = acceptance_uniform(PhiloxStream(seed, offset, b, 0, SS_PURPOSE_ACCEPT).word(i));
       }
     }
@@ -383,8 +396,9 @@ struct Verifier {
     } else {
       const SoftmaxStat sp = rows[i];
       if (rq.greedy) return g.x == sp.arg;
-      const SoftmaxStat sq = rows[G + 1 + i];
       const float p = MODE == SS_MODE_PROBS ? g.z / sp.s : expf(g.z - sp.m) / sp.s;
+      if (!draft) return p > 0.f && g.u <= p;   // one-hot draft: q(x) = 1
+      const SoftmaxStat sq = rows[G + 1 + i];
       const float q = MODE == SS_MODE_PROBS ? g.y / sq.s : expf(g.y - sq.m) / sq.s;
       return p > 0.f && g.u * q <= p;
     }
@@ -437,11 +451,15 @@ struct Verifier {
     RaceBest res = {-1.f, 0x7fffffff}, pb = {-1.f, 0x7fffffff};
     if (!errs && !rq.greedy) {
       const S* zrow = target_row(b, n);
-      const S* yrow = bonus ? zrow : draft_row(b, n);
+      // One-hot drafts: no draft row; the residual max(0, p - onehot(x_n)) is p with x_n removed.
+      const bool onehot = !is_sigmoid(MODE) && !draft;
+      const bool read_q = !bonus && !onehot;
+      const int xn = bonus || !onehot ? -1 : (int)draft_tokens[(long long)b * G + n];
+      const S* yrow = read_q ? draft_row(b, n) : zrow;
       SoftmaxStat sp = {0.f, 1.f, 0}, sq = {0.f, 1.f, 0};
       if constexpr (!is_sigmoid(MODE)) {
         sp = rows[n];
-        if (!bonus) sq = rows[G + 1 + n];
+        if (read_q) sq = rows[G + 1 + n];
       } else if (needs_rows) {
         sp = rows[n];                                // SIGMOID: the bonus row's maximum
         if (!bonus) sq.s = 1e-6f + rows[G + 1 + n].s;  // SIGMOID_PAPER: the residual's normaliser
@@ -454,7 +472,7 @@ struct Verifier {
       for (int base = lo + threadIdx.x * VEC; base < hi; base += SS_THREADS * VEC) {
         float z[VEC], y[VEC], e[VEC];
         load_vec<T, VEC>(zrow + base, z);
-        if (!bonus) load_vec<T, VEC>(yrow + base, y);
+        if (read_q) load_vec<T, VEC>(yrow + base, y);
         race_variates<VEC>(ps, base, e);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
@@ -468,7 +486,7 @@ struct Verifier {
             wq = 0.f;
           } else {
             wp = weight(z[k], rq.inv_t, c, mcp, inv_sp);
-            wq = bonus ? 0.f : weight(y[k], rq.inv_t, c, mcq, inv_sq);
+            wq = read_q ? weight(y[k], rq.inv_t, c, mcq, inv_sq) : (base + k == xn ? 1.f : 0.f);
           }
           const float kr = wp - wq > 0.f ? __fdividef(wp - wq, e[k]) : -1.f;
           const float kp = wp > 0.f ? __fdividef(wp, e[k]) : -1.f;

@@ -182,7 +182,7 @@ def _ptr(a):
 def _vec_width(dtype_name, V, *arrays):
     tag = _DTYPE_TAG[dtype_name]
     vec = 16 // _ITEMSIZE[tag]
-    if V % vec or any(a.data.ptr % 16 for a in arrays if a.size):
+    if V % vec or any(a.data.ptr % 16 for a in arrays if a is not None and a.size):
         vec = 1  # rows not 16-byte aligned: scalar loads
     return tag, vec
 
@@ -215,6 +215,7 @@ def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scal
     [accepted B | emitted B | error B | tokens B*(G+1)]: `out` when given (a caller that reuses one
     buffer must have consumed the previous result in stream order), else a new array.
     greedy: every request greedy (method "greedy"); temps are then only checked.
+    draft: [B, G, V] logits/probabilities, or None for one-hot drafts (q(x_i) = 1).
     options: PlanOptions (None: the default plan). seed/offset: ints, or one-element int64 CuPy
     arrays (read by the kernel when it runs)."""
     import cupy
@@ -223,7 +224,8 @@ def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scal
         out = cupy.empty(plan.out_size, dtype=cupy.int32)
     seed_dev = isinstance(seed, cupy.ndarray)
     offset_dev = isinstance(offset, cupy.ndarray)
-    draft_ptr = draft.data.ptr if draft.size else target.data.ptr
+    # draft None: one-hot drafts (the kernel reads no draft row); gamma = 0: never read.
+    draft_ptr = 0 if draft is None else (draft.data.ptr if draft.size else target.data.ptr)
     plan(stream, (draft_tokens.data.ptr, draft_ptr, target.data.ptr, _ptr(lengths), _ptr(temps),
                   float(temp_scalar or 0.0), int(bool(greedy)),
                   0 if seed_dev else int(seed) & 0xFFFFFFFFFFFFFFFF, seed.data.ptr if seed_dev else 0,

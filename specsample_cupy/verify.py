@@ -9,6 +9,7 @@ from specsample_cupy.philox import PURPOSE_RESIDUAL
 # "sigmoid-paper" is method="sigmoid" with sigmoid_variant="paper" (one name for tables and the CLI).
 METHODS = ("exact", "sigmoid", "sigmoid-paper", "baseline", "greedy")
 SAMPLING_ONLY = ("sigmoid", "sigmoid-paper", "baseline")   # no greedy mode: temperature must be > 0
+ONEHOT_METHODS = ("exact", "greedy")                        # accept draft_logits=None (one-hot drafts)
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # The paper's released code: sigmoid((z + 10000) / 20000).
 SIGMOID_OFFSET, SIGMOID_SCALE = -10000.0, 20000.0
@@ -95,20 +96,21 @@ def _float_dtype_name(arr, arg, logits_dtype):
 
 
 def _check_shapes(draft_tokens, draft_logits, target_logits):
+    """draft_logits None: one-hot drafts, only draft_tokens and target_logits to check."""
     if draft_tokens.ndim != 2:
         raise ValueError(f"draft_tokens must be [B, gamma], got shape {draft_tokens.shape}")
     if draft_tokens.dtype.kind not in "iu":
         raise TypeError(f"draft_tokens must be an integer array, got {draft_tokens.dtype}")
-    if draft_logits.ndim != 3:
-        raise ValueError(f"draft_logits must be [B, gamma, V], got shape {draft_logits.shape}")
+    if draft_logits is not None and draft_logits.ndim != 3:
+        raise ValueError(f"draft_logits must be [B, gamma, V] or None, got shape {draft_logits.shape}")
     if target_logits.ndim != 3:
         raise ValueError(f"target_logits must be [B, gamma+1, V], got shape {target_logits.shape}")
     B, G = draft_tokens.shape
-    if draft_logits.shape[:2] != (B, G):
+    if draft_logits is not None and draft_logits.shape[:2] != (B, G):
         raise ValueError(f"draft_logits shape {draft_logits.shape} does not match draft_tokens [B={B}, gamma={G}]")
     if target_logits.shape[:2] != (B, G + 1):
         raise ValueError(f"target_logits shape {target_logits.shape} must be [B={B}, gamma+1={G + 1}, V]")
-    if draft_logits.shape[2] != target_logits.shape[2]:
+    if draft_logits is not None and draft_logits.shape[2] != target_logits.shape[2]:
         raise ValueError(f"vocabulary sizes differ: draft_logits V={draft_logits.shape[2]}, "
                          f"target_logits V={target_logits.shape[2]}")
     if target_logits.shape[2] < 1 or B < 1:
@@ -150,7 +152,11 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
 
     Args:
         draft_tokens: [B, gamma] int32/int64, the draft's proposals.
-        draft_logits: [B, gamma, V] float32/float16/bfloat16, the draft's logits at those positions.
+        draft_logits: [B, gamma, V] float32/float16/bfloat16, the draft's logits at those positions;
+            or None for a deterministic drafter (e.g. n-gram lookup): the draft distribution is
+            one-hot at the proposed token, so x_i is accepted iff u_i <= p_i(x_i), a rejection
+            at n samples p_n without x_n (renormalised), and only the gamma + 1 target rows are
+            read. Methods "exact" and "greedy" only.
         target_logits: [B, gamma+1, V], same dtype, the target's logits (one more position).
         method: "exact" (fused kernel, exact in distribution), "sigmoid" / "sigmoid-paper" (the
             latter is sigmoid_variant="paper") (the paper's element-wise
@@ -220,10 +226,13 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if method == "sigmoid-paper":
         method, sigmoid_variant = "sigmoid", "paper"
-    xp = _module(draft_tokens, draft_logits, target_logits)
+    onehot = draft_logits is None
+    if onehot and method not in ONEHOT_METHODS:
+        raise ValueError(f"draft_logits=None (one-hot drafts) works with methods {ONEHOT_METHODS}, not {method!r}")
+    xp = _module(draft_tokens, target_logits) if onehot else _module(draft_tokens, draft_logits, target_logits)
     _check_shapes(draft_tokens, draft_logits, target_logits)
     dtype_name = _float_dtype_name(target_logits, "target_logits", logits_dtype)
-    if _float_dtype_name(draft_logits, "draft_logits", logits_dtype) != dtype_name:
+    if not onehot and _float_dtype_name(draft_logits, "draft_logits", logits_dtype) != dtype_name:
         raise TypeError(f"draft_logits ({draft_logits.dtype}) and target_logits ({target_logits.dtype}) "
                         "must have the same dtype")
     B, G = draft_tokens.shape
@@ -257,7 +266,8 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
     if draft_tokens.dtype.char not in "il":
         draft_tokens = draft_tokens.astype(xp.int64)
     draft_tokens, draft_logits, target_logits = (
-        a if a.flags.c_contiguous else xp.ascontiguousarray(a) for a in (draft_tokens, draft_logits, target_logits))
+        a if a is None or a.flags.c_contiguous else xp.ascontiguousarray(a)
+        for a in (draft_tokens, draft_logits, target_logits))
     run = _verify_cpu if xp is np else _verify_gpu
     return run(draft_tokens, draft_logits, target_logits, lengths, temps, temp_scalar, dtype_name, method, mode,
                seed, offset, sigmoid_offset, sigmoid_scale, _race_purpose, plan)
@@ -269,11 +279,24 @@ def _as_float(a, dtype_name):
     return a.astype(np.float32) if dtype_name == "bfloat16" else a
 
 
+def _onehot_rows(draft_tokens, target, mode):
+    """One-hot drafts as rows the reference reads like any draft: logits 0 at x_i and -inf elsewhere
+    (softmax at any temperature is exactly one-hot), or probabilities 1 and 0. Out-of-range ids are
+    clipped here; they still set TOKEN_RANGE."""
+    B, G = draft_tokens.shape
+    V = target.shape[2]
+    rows = np.full((B, G, V), 0.0 if mode == "probs" else -np.inf, np.float32)
+    x = np.clip(draft_tokens, 0, V - 1)
+    rows[np.arange(B)[:, None], np.arange(G)[None, :], x] = 1.0 if mode == "probs" else 0.0
+    return rows
+
+
 def _verify_cpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_name, method, mode,
                 seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan):
     from specsample_cupy.reference import reference_verify
     B, G = draft_tokens.shape
-    draft, target = _as_float(draft, dtype_name), _as_float(target, dtype_name)
+    target = _as_float(target, dtype_name)
+    draft = _onehot_rows(draft_tokens, target, mode) if draft is None else _as_float(draft, dtype_name)
     lengths = np.full(B, G, np.int64) if lengths is None else lengths.astype(np.int64)
     temps = np.full(B, temp_scalar, np.float64) if temps is None else temps.astype(np.float64)
     if method == "baseline":
