@@ -26,7 +26,9 @@ import statistics
 
 import click
 
-from specsample_cupy.cli_decode import load_decoder, resolve_device
+from specsample_cupy.cli_decode import CONTEXT_SETTINGS, draft_options, load_decoder, resolve_device
+from specsample_cupy.ngram import NGRAM
+from specsample_cupy.verify import ONEHOT_METHODS
 
 # The embedded pair was trained on Python standard-library code.
 DEFAULT_PROMPTS = (
@@ -39,6 +41,21 @@ DEFAULT_PROMPTS = (
     "    with open(path) as f:\n        ",
     "    except ValueError:\n        ",
 )
+
+# Input-grounded prompts (--workload grounded): code followed by the start of its own copy, so the
+# continuation largely re-emits text the prompt holds (what prompt lookup drafts well).
+_GROUNDED_SOURCES = (
+    "def clamp(value, low, high):\n    if value < low:\n        return low\n    if value > high:\n"
+    "        return high\n    return value\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+    "        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n",
+    "def read_lines(path):\n    with open(path) as f:\n        for line in f:\n            line = line.strip()\n"
+    "            if line:\n                yield line\n",
+    "def merge(a, b):\n    out = dict(a)\n    for key, value in b.items():\n        if key in out:\n"
+    "            out[key] = out[key] + value\n        else:\n            out[key] = value\n    return out\n",
+)
+GROUNDED_PROMPTS = tuple(f"{src}\n\n# The same, again:\n{src.splitlines()[0]}\n" for src in _GROUNDED_SOURCES)
+WORKLOADS = {"code": DEFAULT_PROMPTS, "grounded": GROUNDED_PROMPTS}
 
 
 def _call(decoder, prompts, method, gamma, temperature, seed, max_new_tokens, timed):
@@ -60,9 +77,9 @@ def _summary(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def prompt_set(batches) -> list[str]:
-    """The prompts every batch size draws from: as many as the largest batch (DEFAULT_PROMPTS cycled)."""
-    return list(itertools.islice(itertools.cycle(DEFAULT_PROMPTS), max(batches)))
+def prompt_set(batches, prompts=DEFAULT_PROMPTS) -> list[str]:
+    """The prompts every batch size draws from: as many as the largest batch (`prompts` cycled)."""
+    return list(itertools.islice(itertools.cycle(prompts), max(batches)))
 
 
 def prompts_for(prompt_set, batch: int, seed: int) -> list[str]:
@@ -171,7 +188,7 @@ def _gammas(text):
     return [g if g == "auto" else int(g) for g in text.split(",") if g]
 
 
-@click.command("decode")
+@click.command("decode", context_settings=CONTEXT_SETTINGS)
 @click.option("--pair", default="embedded", show_default=True,
               help="embedded, cost-1.5b or cost-7b (models/build_cost_pair.py: the embedded pair with "
                    "zero-output ballast, built and cached on first use).")
@@ -179,10 +196,12 @@ def _gammas(text):
               help="Where cost-realistic pairs are built and cached (default ~/.cache/specsample/pairs).")
 @click.option("--target", type=click.Path(exists=True, file_okay=False), default=None,
               help="Target model directory (instead of --pair).")
-@click.option("--draft", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Draft model directory (instead of --pair).")
+@draft_options
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="Default: cuda when usable, else cpu.")
+@click.option("--workload", type=click.Choice(sorted(WORKLOADS)), default="code", show_default=True,
+              help="code: starts of code (the output is new text); grounded: code followed by the start of "
+                   "its own copy (the output largely re-emits the prompt).")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--methods", default="exact,greedy", show_default=True, help="Compared with target-only.")
 @click.option("--gamma", "gammas", default="3,5,auto", show_default=True, help="Comma-separated; 'auto' too.")
@@ -195,28 +214,34 @@ def _gammas(text):
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="PNG: speed-up vs gamma per method with the ideal curve.")
-def bench_decode(pair, pairs_dir, target, draft, device, max_new_tokens, methods, gammas, batches, temperature,
-                 seeds, ignore_eos, json_path, plot_path):
+def bench_decode(pair, pairs_dir, target, draft, ngram_min, ngram_max, device, workload, max_new_tokens, methods,
+                 gammas, batches, temperature, seeds, ignore_eos, json_path, plot_path):
     """Speed-up over target-only at equal work: median and range over seeds, ideal and efficiency."""
     from tqdm import tqdm
     if not ignore_eos:
         raise click.UsageError("bench decode compares equal work only: every request must generate "
                                "--max-new-tokens tokens (--ignore-eos)")
     device = resolve_device(device)
-    if target is None and draft is None and pair != "embedded":
+    ngram = draft == NGRAM
+    if ngram and set(methods.split(",")) - set(ONEHOT_METHODS):
+        raise click.UsageError(f"--draft ngram verifies one-hot drafts: --methods from {', '.join(ONEHOT_METHODS)}")
+    if target is None and (draft is None or ngram) and pair != "embedded":
         from pathlib import Path
 
         from models.build_cost_pair import build_pair, default_root
-        target, draft = build_pair(pair, Path(pairs_dir) if pairs_dir else default_root(),
-                                   check="cuda" if device == "cuda" else "cpu")
-    decoder = load_decoder(target, draft, device)
+        target, built_draft = build_pair(pair, Path(pairs_dir) if pairs_dir else default_root(),
+                                         check="cuda" if device == "cuda" else "cpu")
+        draft = draft if ngram else built_draft
+    # Prompt lookup runs on the host loop; target-only then runs there too (the same loop for all).
+    decoder = load_decoder(target, draft, device, device_rounds=not ngram, ngram_min=ngram_min, ngram_max=ngram_max)
     methods = [m for m in methods.split(",") if m]
-    report = {"pair": pair if target is None or pair != "embedded" else "custom",
-              "target": str(decoder.target_spec.model_dir), "draft": str(decoder.draft_spec.model_dir),
+    report = {"pair": pair if target is None or pair != "embedded" else "custom", "workload": workload,
+              "target": str(decoder.target_spec.model_dir),
+              "draft": f"ngram {ngram_min}..{ngram_max}" if ngram else str(decoder.draft_spec.model_dir),
               "device": device, "max_new_tokens": max_new_tokens, "temperature": temperature,
               "seeds": seeds, "cuda_graphs": decoder.cuda_graphs, "runs": []}
     batches = [int(b) for b in batches.split(",") if b]
-    prompts = prompt_set(batches)
+    prompts = prompt_set(batches, WORKLOADS[workload])
     report["prompts"] = prompts
     for batch in batches:
         rows = run_bench(decoder, lambda seed, batch=batch: prompts_for(prompts, batch, seed), methods=methods,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import click
 
 from specsample_cupy.decoder import METHODS
-from specsample_cupy.verify import SAMPLING_ONLY
+from specsample_cupy.ngram import NGRAM
+from specsample_cupy.verify import ONEHOT_METHODS, SAMPLING_ONLY
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 MAX_LISTED_ERRORS = 10
@@ -48,7 +49,31 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
-def load_decoder(target, draft, device, cuda_graphs=True, device_rounds=True):
+class DraftOption(click.ParamType):
+    """--draft: a draft model directory, or "ngram" (prompt lookup, no draft model)."""
+    name = "DIR|ngram"
+
+    def convert(self, value, param, ctx):
+        if value == NGRAM:
+            return value
+        return click.Path(exists=True, file_okay=False).convert(value, param, ctx)
+
+
+DRAFT_HELP = ("Draft model directory (default: the embedded stdlib-code draft), or 'ngram': drafts by prompt "
+              "lookup (what followed the last --ngram-max..--ngram-min tokens' most recent earlier occurrence), "
+              "verified exactly; methods exact and greedy.")
+
+
+def draft_options(f):
+    """--draft (a directory or 'ngram') with --ngram-min / --ngram-max, for every command that loads a pair."""
+    f = click.option("--ngram-max", default=4, show_default=True, type=click.IntRange(min=1),
+                     help="Longest suffix prompt lookup matches (--draft ngram).")(f)
+    f = click.option("--ngram-min", default=1, show_default=True, type=click.IntRange(min=1),
+                     help="Shortest suffix prompt lookup matches (--draft ngram).")(f)
+    return click.option("--draft", type=DraftOption(), default=None, help=DRAFT_HELP)(f)
+
+
+def load_decoder(target, draft, device, cuda_graphs=True, device_rounds=True, ngram_min=1, ngram_max=4):
     """SpeculativeDecoder, with a model problem (unusable file, mismatched pair) as a click error."""
     from specsample_cupy.decoder import SpeculativeDecoder
 
@@ -56,7 +81,7 @@ def load_decoder(target, draft, device, cuda_graphs=True, device_rounds=True):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)   # the device choice was reported already
             return SpeculativeDecoder(target, draft, device=device, cuda_graphs=cuda_graphs,
-                                      device_rounds=device_rounds)
+                                      device_rounds=device_rounds, ngram_min=ngram_min, ngram_max=ngram_max)
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from e
 
@@ -259,8 +284,7 @@ def warn_context_stops(prompts: list[Prompt], out, reasons: list[str], budgets: 
 @click.command(context_settings=CONTEXT_SETTINGS)
 @click.option("--target", type=click.Path(exists=True, file_okay=False), default=None,
               help="Target model directory (default: the embedded stdlib-code target).")
-@click.option("--draft", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Draft model directory (default: the embedded stdlib-code draft).")
+@draft_options
 @click.option("--prompt", "prompt_texts", multiple=True,
               help="Prompt text; repeat for a batch. '-' reads all of stdin as one prompt, verbatim.")
 @click.option("--prompt-file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
@@ -284,8 +308,8 @@ def warn_context_stops(prompts: list[Prompt], out, reasons: list[str], budgets: 
               help="Print one JSON object: texts, token_ids, finish_reasons and stats.")
 @click.option("--jsonl", "as_jsonl", is_flag=True,
               help="Print one JSON line per request as it finishes: index, source, text, token_ids, finish_reason.")
-def decode(target, draft, prompt_texts, prompt_file, max_new_tokens, gamma, method, temperature, seed, device,
-           adaptive_gamma, echo, stats, as_json, as_jsonl):
+def decode(target, draft, ngram_min, ngram_max, prompt_texts, prompt_file, max_new_tokens, gamma, method,
+           temperature, seed, device, adaptive_gamma, echo, stats, as_json, as_jsonl):
     """Generate text by speculative decoding (the draft proposes, the target verifies).
 
     stdout holds the generated text (a batch: each text under a `--- [i] ---` line, with
@@ -299,7 +323,12 @@ def decode(target, draft, prompt_texts, prompt_file, max_new_tokens, gamma, meth
         raise click.BadParameter(f"method {method!r} samples: use --temperature > 0, or --method greedy",
                                  param_hint="--temperature")
     prompts = read_prompts(prompt_texts, prompt_file)
-    decoder = load_decoder(target, draft, resolve_device(device))
+    if ngram_min > ngram_max:
+        raise click.BadParameter(f"--ngram-min {ngram_min} > --ngram-max {ngram_max}", param_hint="--ngram-min")
+    if draft == NGRAM and method not in ONEHOT_METHODS:
+        raise click.BadParameter(f"--draft ngram verifies one-hot drafts: use --method {' or '.join(ONEHOT_METHODS)}",
+                                 param_hint="--method")
+    decoder = load_decoder(target, draft, resolve_device(device), ngram_min=ngram_min, ngram_max=ngram_max)
     budgets = Budgets(decoder, encode_all(decoder, prompts), max_new_tokens)
     stream = None
     if as_jsonl:

@@ -20,6 +20,7 @@ import numpy as np
 
 from specsample_cupy import errors
 from specsample_cupy.decode_stats import Round
+from specsample_cupy.ngram import propose_ngram
 from specsample_cupy.sampling import sample_tokens
 from specsample_cupy.verify import VerifyResult, verify
 
@@ -51,7 +52,7 @@ class HostRounds:
         self.read_wait_s = 0.0
         self.discarded = 0
         xp, B, cap = dec.xp, req.batch, policy.cap
-        if cap:
+        if cap and dec.draft is not None:
             self.draft_tokens_buf = xp.zeros(B * cap, np.int32)
             self.draft_logits_buf = xp.zeros(B * cap * dec.target.vocab_size, dec.target.logits_dtype)
             # The draft sampler's output, reused: copied into draft_tokens before the next call.
@@ -87,15 +88,19 @@ class HostRounds:
         dec, req, clock = self.dec, self.req, self.clock
         batch, vocab = req.batch, dec.target.vocab_size
         offset_base = r * self.per_round
-        draft_len = req.draft_lengths(gamma)
-        gamma = int(draft_len.max(initial=0))
-        draft_tokens = self.draft_tokens_buf[:batch * gamma].reshape(batch, gamma)
-        draft_logits = self.draft_logits_buf[:batch * gamma * vocab].reshape(batch, gamma, vocab)
+        if dec.draft is None:   # 1. Prompt lookup proposes up to gamma tokens per request (one-hot drafts).
+            draft_tokens, draft_len, draft_logits = self._ngram_proposals(gamma)
+            gamma = draft_tokens.shape[1]
+        else:
+            draft_len = req.draft_lengths(gamma)
+            gamma = int(draft_len.max(initial=0))
+            draft_tokens = self.draft_tokens_buf[:batch * gamma].reshape(batch, gamma)
+            draft_logits = self.draft_logits_buf[:batch * gamma * vocab].reshape(batch, gamma, vocab)
         no_ids = np.zeros((batch, 1), np.int64)   # placeholders for ids that come from the device
 
         # 1. The draft proposes gamma tokens, one run each. Its first run catches up on the tokens it has not
         #    seen: the last emitted one and, after a fully accepted round, the last draft token too.
-        for i in range(gamma):
+        for i in range(gamma if dec.draft is not None else 0):
             if i == 0:
                 ids, mask, positions = req.columns(self.dc.n_real, req.seq_len, rows=draft_len > 0)
                 on_device = None
@@ -126,8 +131,20 @@ class HostRounds:
         # 4. Append the accepted tokens; roll both caches back to what they have seen of the new sequences.
         taken = req.append(result.tokens, result.emitted)
         self.tc.rollback(req.seq_len - 1)
-        self.dc.rollback(req.seq_len - 1)
+        if self.dc is not None:
+            self.dc.rollback(req.seq_len - 1)
         return draft_len, result.emitted - 1, taken
+
+    def _ngram_proposals(self, gamma: int):
+        """(draft_tokens [B, g] on the loop's device, draft_len [B], None): prompt lookup over each
+        request's tokens so far, g the longest proposal (0: the round is a plain target step)."""
+        req, dec = self.req, self.dec
+        ngram_min, ngram_max = dec.ngram
+        tokens, draft_len = propose_ngram(req.seq, req.seq_len, req.finished, req.remaining, req.eos_ids,
+                                          gamma=gamma, ngram_min=ngram_min, ngram_max=ngram_max)
+        draft_len = draft_len.astype(np.int64)
+        g = int(draft_len.max(initial=0))
+        return dec.upload(np.ascontiguousarray(tokens[:, :g])), draft_len, None
 
     def _target_step(self, r: int):
         """One target run, one sampled token per unfinished request."""

@@ -25,7 +25,8 @@ from specsample_cupy.gamma_policy import REPROBE, make_policy
 from specsample_cupy.requests import Requests
 from specsample_cupy.sessions import DecoderSession, ModelSpec, array_module, check_pair, cuda_available
 from specsample_cupy.sessions_static import StaticDecoderSession
-from specsample_cupy.verify import METHODS as VERIFY_METHODS, SAMPLING_ONLY
+from specsample_cupy.ngram import NGRAM, check_ngram_range
+from specsample_cupy.verify import METHODS as VERIFY_METHODS, ONEHOT_METHODS, SAMPLING_ONLY
 
 METHODS = VERIFY_METHODS + ("target",)
 
@@ -71,6 +72,11 @@ class SpeculativeDecoder:
     Args:
         target, draft: model directories (optimum decoder-with-past export with config.json and
             tokenizer.json); default: the embedded pair models/stdlib-code/{target,draft}.
+            draft="ngram": no draft model; each round proposes what followed the most recent earlier
+            occurrence of the request's last ngram_max..ngram_min tokens (prompt lookup,
+            specsample_cupy/ngram.py), verified exactly as one-hot drafts (verify() with
+            draft_logits=None). It runs on the host loop.
+        ngram_min, ngram_max: the suffix lengths prompt lookup tries, longest first.
         device: "cuda" (CuPy + onnxruntime-gpu; logits and caches stay on the GPU) or "cpu" (NumPy);
             default "cuda" when usable, else "cpu" with a RuntimeWarning.
         kv_slack: rolled-back cache columns tolerated before the cache is compacted (see KVCache).
@@ -102,15 +108,21 @@ class SpeculativeDecoder:
 
     def __init__(self, target=None, draft=None, device: str | None = None, *, kv_slack: int = 32,
                  prefill_chunk: int = 256, device_id: int = 0, cuda_graphs: bool = True,
-                 device_rounds: bool = True):
+                 device_rounds: bool = True, ngram_min: int = 1, ngram_max: int = 4):
         self.target_spec = ModelSpec.from_dir(target if target is not None else default_model_dir("target"))
-        self.draft_spec = ModelSpec.from_dir(draft if draft is not None else default_model_dir("draft"))
-        check_pair(self.target_spec, self.draft_spec)
+        self.ngram = None
+        if isinstance(draft, str) and draft == NGRAM:
+            check_ngram_range(ngram_min, ngram_max)
+            self.ngram, self.draft_spec = (ngram_min, ngram_max), None
+        else:
+            self.draft_spec = ModelSpec.from_dir(draft if draft is not None else default_model_dir("draft"))
+            check_pair(self.target_spec, self.draft_spec)
         self._use_device(device, device_id)
         self.target = self._open(self.target_spec, "target", device_id, cuda_graphs)
-        self.draft = self._open(self.draft_spec, "draft", device_id, cuda_graphs)
+        self.draft = None if self.ngram else self._open(self.draft_spec, "draft", device_id, cuda_graphs)
         self.tokenizer = self.target_spec.tokenizer
-        contexts = [c for c in (self.target_spec.context_length, self.draft_spec.context_length) if c]
+        specs = (self.target_spec,) if self.ngram else (self.target_spec, self.draft_spec)
+        contexts = [s.context_length for s in specs if s.context_length]
         self.context_length = min(contexts) if contexts else None
         self.kv_slack, self.prefill_chunk = kv_slack, prefill_chunk
         self.device_rounds = device_rounds
@@ -235,7 +247,7 @@ class SpeculativeDecoder:
             # Set-up: the requests' state, the gamma policy, both caches.
             policy = make_policy(gamma if speculative else 0, policy_mode, gamma_min, gamma_max)
             req = self._requests(prompts, max_new_tokens, policy.cap, ignore_eos)
-            sessions = (self.target, self.draft) if speculative else (self.target,)
+            sessions = (self.target, self.draft) if speculative and self.draft is not None else (self.target,)
             clock = Clock(self.stream, self._events)
             with self._on_stream():
                 caches = self._new_caches(req, sessions, policy.cap)
@@ -273,14 +285,16 @@ class SpeculativeDecoder:
         finally:
             self._busy.release()
 
-    @staticmethod
-    def _check(method, temperature, max_new_tokens, gamma):
+    def _check(self, method, temperature, max_new_tokens, gamma):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if not (np.isfinite(temperature) and temperature >= 0):
             raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
         if method in SAMPLING_ONLY and temperature == 0:
             raise ValueError(f"method={method!r} needs temperature > 0; use method='greedy'")
+        if self.ngram and method not in ONEHOT_METHODS + ("target",):
+            raise ValueError(f"draft='ngram' verifies one-hot drafts: method must be one of "
+                             f"{ONEHOT_METHODS + ('target',)}, got {method!r}")
         if not isinstance(gamma, (int, np.integer)) or isinstance(gamma, bool):
             raise ValueError(f"gamma must be an int >= 0 or 'auto', got {gamma!r}")
         if max_new_tokens < 0 or gamma < 0:
@@ -311,9 +325,10 @@ class SpeculativeDecoder:
         """The loop that runs this call's rounds, and None or why it is not the device loop.
         auto_state: what earlier calls of this kind measured, for an automatic gamma policy."""
         target_cache, draft_cache = caches[0], (caches[1] if len(caches) > 1 else None)
-        why_not = self._why_not_device_loop(draft_cache is not None, policy.cap)
+        speculative = policy.cap > 0
+        why_not = self._why_not_device_loop(speculative, policy.cap)
         temperature = 0.0 if method == "greedy" else float(temperature)
-        method = method if draft_cache is not None else "target"
+        method = method if speculative else "target"
         if why_not is None:
             if getattr(policy, "cost", None) is not None:
                 policy.cost = decode_device.DeviceCost(None)   # calibrated by DeviceRounds, which then chooses
@@ -333,6 +348,8 @@ class SpeculativeDecoder:
             return "cpu"
         if not self.device_rounds:
             return "off"
+        if speculative and self.ngram:
+            return "n-gram drafts run on the host loop"
         return decode_device.supported(self.target, self.draft if speculative else None, gamma_cap)
 
     def _deliver(self, rnd, req, assembler, on_tokens):

@@ -39,7 +39,13 @@ import numpy as np
 from specsample_cupy import kernel_runtime
 
 THREADS = 256   # kernels_cu/ngram.cu's block (SS_THREADS)
+NGRAM = "ngram"   # the drafter's name where a draft model directory would go (decoder, CLI)
 _INT32 = np.iinfo(np.int32)
+
+
+def check_ngram_range(ngram_min, ngram_max):
+    """ValueError naming the argument unless 1 <= ngram_min <= ngram_max (ints)."""
+    _check_args(0, ngram_min, ngram_max, 0)
 
 
 def _check_args(gamma, ngram_min, ngram_max, pad_id):
