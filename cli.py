@@ -1,9 +1,10 @@
-"""`specsample` command line: decode | bench | eval."""
+"""`specsample` command line: decode | generate | bench | eval."""
 import click
 
 from specsample_cupy.cli_bench import bench
 from specsample_cupy.cli_decode import decode
 from specsample_cupy.cli_eval import eval_group
+from specsample_cupy.cli_generate import generate
 
 # -h as well as --help, for the group and (inherited through click's context) every command under it.
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
@@ -16,6 +17,7 @@ def main():
 
 
 main.add_command(decode)
+main.add_command(generate)
 main.add_command(bench)
 main.add_command(eval_group, name="eval")
 

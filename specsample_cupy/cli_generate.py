@@ -1,0 +1,165 @@
+"""`specsample generate`: decode every request of a dataset file into a JSONL file, resumably.
+
+Each request's line is appended (and flushed) as the request finishes and the file is fsync'ed after
+every batch, so an interrupted run loses at most the requests still being decoded; running the same
+command again skips the ids the output already holds and cuts away a torn last line. Bad input lines
+(malformed, duplicate or missing ids, prompts too long for the context) are reported on stderr and
+skipped. The grouping of requests into generate() calls is generate_run's batching rule.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import click
+
+from specsample_cupy.cli_decode import CONTEXT_SETTINGS, Prompt, decode, encode_all, load_decoder, resolve_device
+from specsample_cupy.generate_input import FORMATS, Settings, read_requests
+from specsample_cupy.generate_output import OutputBusy, ResultWriter
+from specsample_cupy.generate_run import DecodeOptions, Runner, batches
+from specsample_cupy.verify import SAMPLING_ONLY
+
+# `specsample decode`'s options that mean the same here (their click.Option objects, shared).
+DECODE_OPTIONS = ("target", "draft", "ngram_min", "ngram_max", "device", "method", "max_new_tokens", "temperature",
+                  "seed", "adaptive_gamma")
+
+
+class GammaType(click.ParamType):
+    """An int >= 0 or "auto" (generate()'s automatic gamma)."""
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if value == "auto" or isinstance(value, int) and value >= 0:
+            return value
+        try:
+            gamma = int(value)
+        except ValueError:
+            gamma = -1
+        if gamma < 0:
+            self.fail(f"{value!r} is neither an integer >= 0 nor 'auto'", param, ctx)
+        return gamma
+
+
+def _with_decode_options(command: click.Command) -> click.Command:
+    """Give the command DECODE_OPTIONS, after its own first two (--input, --output) in its help."""
+    by_name = {p.name: p for p in decode.params}
+    command.params[2:2] = [by_name[name] for name in DECODE_OPTIONS]
+    return command
+
+
+def _read_input(path: str) -> bytes:
+    try:
+        if path == "-":
+            return click.get_binary_stream("stdin").read()
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise click.ClickException(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+
+
+def _check_paths(input_path: str, output_path: str):
+    if input_path != "-" and os.path.exists(output_path) and os.path.exists(input_path) \
+            and os.path.samefile(input_path, output_path):
+        raise click.UsageError("--output must not be the --input file")
+
+
+def _open_output(path: str) -> ResultWriter:
+    try:
+        writer = ResultWriter(path)
+    except OutputBusy as exc:
+        raise click.ClickException(str(exc)) from exc
+    except OSError as exc:
+        raise click.ClickException(f"{path}: cannot write it ({exc.strerror or exc})") from exc
+    found = writer.recovered
+    if found.torn_bytes:
+        click.echo(f"{path}: cut away a torn last line ({found.torn_bytes} bytes) left by an interrupted run; "
+                   "its request runs again", err=True)
+    for n in found.bad_lines:
+        click.echo(f"{path}:{n}: not a JSON object with an \"id\"; left in place, counted as no request", err=True)
+    return writer
+
+
+def _fitting(decoder, requests, name: str) -> list:
+    """The requests whose prompts the models can take; the others are reported, by line."""
+    kept = []
+    for request in requests:
+        try:
+            encode_all(decoder, [Prompt(request.prompt, f"{name}:{request.line}")])
+        except click.ClickException as exc:   # "FILE:LINE: the prompt has N tokens; ..."
+            click.echo(f"{exc.message}; skipped", err=True)
+            continue
+        kept.append(request)
+    return kept
+
+
+def _summary(runner, read_as: str, already_done: int, rejected: int, wall_s: float, load_s: float) -> str:
+    acceptance = f"{runner.accepted / runner.proposed:.3f}" if runner.proposed else "-"
+    after_load = max(wall_s - load_s, 1e-9)
+    outside = max(after_load - runner.decoding_s, 0.0) / after_load
+    return "\n".join([
+        f"requests ({read_as} input): {runner.written} written, {already_done} skipped as already done, "
+        f"{rejected} line(s) rejected, {runner.failed} failed",
+        f"tokens: {runner.tokens} ({runner.tokens / after_load:.1f} tokens/s), acceptance {acceptance}",
+        f"wall: {wall_s:.2f} s, loading the models {load_s:.2f} s; outside generate() calls (reading, checking, "
+        f"writing, bookkeeping): {outside:.1%} of the rest",
+    ])
+
+
+@_with_decode_options
+@click.command(context_settings=CONTEXT_SETTINGS)
+@click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Requests: JSONL ({\"id\", \"prompt\"}, optional \"max_new_tokens\", \"temperature\", \"seed\" "
+                   "per line) or one prompt per line (id: the line number). '-' reads stdin.")
+@click.option("--output", "output_path", required=True, type=click.Path(dir_okay=False),
+              help="JSONL results, one line per request as it finishes; ids already in it are skipped (resume).")
+@click.option("--input-format", type=click.Choice(FORMATS), default="auto", show_default=True,
+              help="auto: JSONL for a *.jsonl name or when most non-blank lines are JSON objects, else text.")
+@click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Requests per generate() call, at most; a call takes only requests of equal settings.")
+@click.option("--gamma", default="5", show_default=True, type=GammaType(),
+              help="Draft tokens per round, 0 for the target alone, or 'auto'.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
+def generate(input_path, output_path, target, draft, ngram_min, ngram_max, device, method, max_new_tokens,
+             temperature, seed, adaptive_gamma, input_format, batch_size, gamma, progress):
+    """Decode a dataset of requests into a JSONL file, resumably.
+
+    Each line of --output is one request: id, line, text, token_ids, finish_reason, new_tokens, its
+    own rounds / proposed / accepted / acceptance_rate, latency_s, batch_size and the settings used
+    (a JSONL line's "max_new_tokens", "temperature" and "seed" override the options of those names).
+    Re-running with the same --output decodes only the ids it does not hold yet. Bad input lines are
+    reported on stderr (FILE:LINE: why) and skipped; the exit status is 1 only when nothing could be
+    decoded.
+    """
+    started = time.perf_counter()
+    if method in SAMPLING_ONLY and temperature == 0:
+        raise click.BadParameter(f"method {method!r} samples: use --temperature > 0, or --method greedy",
+                                 param_hint="--temperature")
+    _check_paths(input_path, output_path)
+    name = "stdin" if input_path == "-" else input_path
+    requests, rejections, read_as = read_requests(_read_input(input_path), name, input_format,
+                                                  Settings(max_new_tokens, float(temperature), seed), method)
+    for r in rejections:
+        click.echo(f"{name}:{r.line}: {r.reason}; skipped", err=True)
+    if not requests:
+        raise click.ClickException(f"{name}: no usable request ({len(rejections)} line(s) rejected)")
+
+    loading = time.perf_counter()
+    decoder = load_decoder(target, draft, resolve_device(device), ngram_min=ngram_min, ngram_max=ngram_max)
+    load_s = time.perf_counter() - loading
+    writer = _open_output(output_path)
+    try:
+        pending = [r for r in requests if r.key not in writer.recovered.done]
+        already_done = len(requests) - len(pending)
+        todo = _fitting(decoder, pending, name)
+        rejected = len(rejections) + len(pending) - len(todo)
+        runner = Runner(decoder, writer, DecodeOptions(method, gamma, adaptive_gamma), len(todo), progress)
+        try:
+            for batch in batches(todo, batch_size):
+                runner.run(batch, lambda r: f"{name}:{r.line}")
+        finally:
+            runner.close()
+    finally:
+        writer.close()
+    click.echo(_summary(runner, read_as, already_done, rejected, time.perf_counter() - started, load_s), err=True)
+    if runner.written == 0 and (todo or not already_done):
+        raise click.ClickException("nothing was generated")

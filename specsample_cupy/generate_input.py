@@ -1,0 +1,120 @@
+"""The requests of `specsample generate`: one per line of its input, JSONL or plain text.
+
+A bad line never stops the others: each one is returned as a Rejection (its line number and why) and
+the command reports it and goes on. JSONL lines are {"id", "prompt"} objects, optionally with
+"max_new_tokens", "temperature" and "seed" overriding the command's options; in a text file each
+non-blank line is a prompt and its id is its line number.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from specsample_cupy.cli_decode import _json_object
+from specsample_cupy.verify import SAMPLING_ONLY
+
+FORMATS = ("auto", "jsonl", "text")
+
+
+class Settings(NamedTuple):
+    """What one generate() call applies to all its requests, so requests are batched by it."""
+    max_new_tokens: int
+    temperature: float
+    seed: int
+
+
+@dataclass
+class Request:
+    id: object          # the line's "id" (JSONL) or its line number (text)
+    key: str            # json.dumps(id): ids compare by this, in the input and in the output file
+    line: int           # 1-based line number in the input
+    prompt: str
+    settings: Settings
+
+
+@dataclass
+class Rejection:
+    line: int
+    reason: str
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _settings(obj: dict, defaults: Settings, method: str) -> Settings | str:
+    """The line's settings (its fields over the defaults), or why they are unusable."""
+    max_new_tokens = obj.get("max_new_tokens", defaults.max_new_tokens)
+    temperature = obj.get("temperature", defaults.temperature)
+    seed = obj.get("seed", defaults.seed)
+    if not _is_int(max_new_tokens) or max_new_tokens < 0:
+        return '"max_new_tokens" must be an integer >= 0'
+    if not (_is_int(temperature) or isinstance(temperature, float)) or not math.isfinite(temperature) \
+            or temperature < 0:
+        return '"temperature" must be a finite number >= 0'
+    if temperature == 0 and method in SAMPLING_ONLY:
+        return f'"temperature" 0 does not work with method {method!r}, which samples'
+    if not _is_int(seed):
+        return '"seed" must be an integer'
+    return Settings(max_new_tokens, float(temperature), seed)
+
+
+def _from_json_line(obj: dict | None, n: int, defaults: Settings, method: str, first_line: dict) -> Request | str:
+    if obj is None:
+        return "not a JSON object"
+    if "id" not in obj:
+        return 'no "id" field'
+    if not (_is_int(obj["id"]) or isinstance(obj["id"], str)):
+        return '"id" must be a string or an integer'
+    key = json.dumps(obj["id"], ensure_ascii=False)
+    # An id is taken by the first line that names it, even one rejected for another reason: two lines
+    # with one id cannot both be that request.
+    first = first_line.setdefault(key, n)
+    if first != n:
+        return f"duplicate id {key} (first on line {first})"
+    if not isinstance(obj.get("prompt"), str):
+        return 'no string "prompt" field'
+    settings = _settings(obj, defaults, method)
+    if isinstance(settings, str):
+        return settings
+    return Request(obj["id"], key, n, obj["prompt"], settings)
+
+
+def is_jsonl(objects: list[dict | None], name: str, fmt: str) -> bool:
+    """JSONL when asked, or (fmt "auto") when the name ends in .jsonl or most non-blank lines are JSON
+    objects: a few malformed lines are then rejected lines, not a sign of a text file."""
+    if fmt != "auto":
+        return fmt == "jsonl"
+    return name.endswith(".jsonl") or 2 * sum(o is not None for o in objects) > len(objects)
+
+
+def read_requests(data: bytes, name: str, fmt: str, defaults: Settings, method: str
+                  ) -> tuple[list[Request], list[Rejection], str]:
+    """The requests of an input file's bytes, every line that is not one (with why, in line order), and
+    the format read ("jsonl" or "text"). Blank lines are neither."""
+    lines, rejections = [], []
+    # Lines end at \n (or \r\n) only, as `decode --prompt-file` reads them; each is UTF-8 on its own,
+    # so one bad byte costs one line.
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        try:
+            text = raw.removesuffix(b"\r").decode("utf-8")
+        except UnicodeDecodeError as exc:
+            rejections.append(Rejection(n, f"not UTF-8 text ({exc.reason} at byte {exc.start})"))
+            continue
+        if text.strip():
+            lines.append((n, text))
+    requests = []
+    objects = [_json_object(text) for _, text in lines] if fmt != "text" else []
+    if not is_jsonl(objects, name, fmt):
+        return [Request(n, json.dumps(n), n, text, defaults) for n, text in lines], rejections, "text"
+    first_line = {}
+    for (n, _), obj in zip(lines, objects):
+        request = _from_json_line(obj, n, defaults, method, first_line)
+        if isinstance(request, str):
+            rejections.append(Rejection(n, request))
+        else:
+            requests.append(request)
+    rejections.sort(key=lambda r: r.line)
+    return requests, rejections, "jsonl"
