@@ -27,7 +27,7 @@ bad = 0
 for V in (37, 1024):
     for dtype in ("float32", "float16"):
         for method, probs in (("exact", False), ("exact", True), ("sigmoid", False), ("sigmoid-paper", False),
-                              ("greedy", False), ("greedy", True)):
+                              ("greedy", False), ("greedy", True), ("exact-onehot", False)):
             if (args.method and method != args.method) or (args.dtype and dtype != args.dtype):
                 continue
             B, G = 6, 4
@@ -44,10 +44,13 @@ for V in (37, 1024):
             t16, d16 = target.astype(dtype), draft.astype(dtype)
             # The sigmoid methods with a steep sigmoid, so rejections (and their residual paths) happen.
             kw = dict(sigmoid_offset=0.0, sigmoid_scale=1.0) if method.startswith("sigmoid") else {}
-            cpu = verify(tokens, d16.astype(np.float32), t16.astype(np.float32), method=method,
+            onehot = method == "exact-onehot"     # draft_logits=None: no draft rows read
+            call = "exact" if onehot else method
+            cpu = verify(tokens, None if onehot else d16.astype(np.float32), t16.astype(np.float32), method=call,
                          probs=probs, seed=1, draft_lengths=lengths, **kw)
             for plan in plans:
-                gpu = verify(cp.asarray(tokens), cp.asarray(d16), cp.asarray(t16), method=method, probs=probs,
+                gpu = verify(cp.asarray(tokens), None if onehot else cp.asarray(d16), cp.asarray(t16), method=call,
+                             probs=probs,
                              seed=1, draft_lengths=cp.asarray(lengths), plan=plan, **kw)
                 mismatch = any((getattr(gpu, f).get() != getattr(cpu, f)).any()
                                for f in ("tokens", "accepted", "emitted", "error"))
