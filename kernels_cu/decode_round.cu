@@ -87,6 +87,25 @@ __device__ __forceinline__ long long roll_back_rows(long long* mask_t, long long
   return seen_d < keep ? seen_d : keep;
 }
 
+// The target's feed for request b's round of G drafts (S = G + 1 columns), by the whole block: the
+// row's last token then its drafts (except the one at `skip`, which the sampling block writes; -1:
+// none), their positions, and the mask: the target cache's slots, then the new columns up to the
+// row's draft length dl (none for a finished row).
+__device__ __forceinline__ void write_target_feed(int b, int B, int G, int skip, const int* __restrict__ draft_tokens,
+                                                  int V, const long long* __restrict__ mask_t, int C,
+                                                  const long long* __restrict__ seq, int seq_pitch, long long L,
+                                                  int dl, bool live, long long pos_limit, long long* __restrict__ feed) {
+  const int S = G + 1;
+  long long* mask = feed + 2LL * B * S + (long long)b * (C + S);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) mask[c] = mask_t[(long long)b * C + c];
+  for (int j = threadIdx.x; j < S; j += blockDim.x) {
+    if (j == 0) feed[b * S] = seq[(long long)b * seq_pitch + (L > 0 ? L - 1 : 0)];
+    else if (j - 1 != skip) feed[b * S + j] = clamp_id(draft_tokens[b * G + j - 1], V);
+    feed[(long long)B * S + b * S + j] = clamp_pos(L - 1 + j, pos_limit);
+    mask[C + j] = j <= dl && live;
+  }
+}
+
 // After draft run `step` of G: sample its token, keep its logits for verify(), commit its key/value
 // columns and mask, and write the next run's feeds (the next draft run's, S = 1, or after the last
 // step the target's, S = G + 1: the row's last token, then its G drafts).
@@ -135,14 +154,21 @@ __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
     return;
   }
   if ((int)threadIdx.x < S_run) row_mask[L_run + threadIdx.x] = added[threadIdx.x];
-  for (int c = threadIdx.x; c < C; c += blockDim.x) next_mask[c] = mask_t[(long long)b * C + c];
-  const bool live = !finished[b];
-  for (int j = threadIdx.x; j < S; j += blockDim.x) {
-    if (j == 0) next_feed[b * S] = seq[(long long)b * seq_pitch + (L > 0 ? L - 1 : 0)];
-    else if (j - 1 != step) next_feed[b * S + j] = clamp_id(draft_tokens[b * G + j - 1], V);
-    next_feed[(long long)B * S + b * S + j] = clamp_pos(L - 1 + j, pos_limit);
-    next_mask[C + j] = j <= dl && live;
-  }
+  write_target_feed(b, B, G, step, draft_tokens, V, mask_t, C, seq, seq_pitch, L, dl, !finished[b], pos_limit,
+                    next_feed);
+}
+
+// Prompt-lookup rounds (no draft model): after ngram_propose (kernels_cu/ngram.cu) has written the
+// round's drafts [B, G] and draft lengths from the sequences, write the target's S = G + 1 feed.
+// One block per request.
+__global__ void __launch_bounds__(SS_THREADS) ngram_target_feed(
+    const int* __restrict__ draft_tokens, const int* __restrict__ draft_len, int G, int V,
+    const long long* __restrict__ mask_t, int C, const long long* __restrict__ seq, int seq_pitch,
+    const long long* __restrict__ seq_len, const long long* __restrict__ finished, long long pos_limit,
+    long long* __restrict__ feed, int B) {
+  const int b = blockIdx.x;
+  write_target_feed(b, B, G, -1, draft_tokens, V, mask_t, C, seq, seq_pitch, seq_len[b], draft_len[b],
+                    !finished[b], pos_limit, feed);
 }
 
 // After verify(): append each request's emitted tokens (up to its first EOS and its budget), commit
@@ -150,7 +176,7 @@ __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
 // set the next round's draft lengths, write the next round's first draft feed (S = 2: the tokens the
 // draft has not seen, right-aligned, 1 or 2 of them) and the host's report.
 //   verify_out [accepted B | emitted B | error B | tokens B*(G+1)] (VerifyResult.packed)
-//   report     verify_out, then [taken B | finished B]
+//   report     verify_out, then [taken B | finished B | draft_len B] (this round's draft lengths)
 // With target_cols = 0 and every emitted count 0 it only prepares the first round.
 // Blocks 0..B-1: one request row each (its G + 1 tokens are read and checked against the EOS ids by
 // as many threads at once); blocks B..: key/value column copies. G + 1 <= blockDim.x.
@@ -199,6 +225,7 @@ __global__ void __launch_bounds__(SS_THREADS, 1) round_done(
     report[2 * B + b] = error;
     report[3 * B + B * (G + 1) + b] = taken;
     report[4 * B + B * (G + 1) + b] = done;
+    report[5 * B + B * (G + 1) + b] = draft_len[b];  // this round's drafts (prompt lookup: data-dependent)
   }
   __syncthreads();
   const int taken = s_taken, done = s_done;

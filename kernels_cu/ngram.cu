@@ -61,7 +61,8 @@ extern "C" __global__ void __launch_bounds__(SS_THREADS) ngram_propose(
     const long long* __restrict__ seq, long long seq_pitch, int P, const void* __restrict__ seq_len,
     int seq_len_bytes, const void* __restrict__ finished, int finished_bytes, const void* __restrict__ limit,
     int limit_bytes, const void* __restrict__ eos, int eos_bytes, int n_eos, int gamma, int ngram_min,
-    int ngram_max, int pad_id, int* __restrict__ draft_tokens, long long out_pitch, int* __restrict__ draft_len) {
+    int ngram_max, int pad_id, int* __restrict__ draft_tokens, long long out_pitch, int* __restrict__ draft_len,
+    int limit_is_end) {
   __shared__ long long key_scratch[SS_WARPS];
   __shared__ int length_scratch[SS_WARPS];
   const int b = blockIdx.x;
@@ -70,7 +71,10 @@ extern "C" __global__ void __launch_bounds__(SS_THREADS) ngram_propose(
   const long long n = min(max(load_int(seq_len, seq_len_bytes, b), 0ll), (long long)P);
   // Drafts the round may hold: at most gamma, and one fewer than the tokens the request may still
   // emit (the round's own target token is the last). Every branch below is uniform in the block.
-  long long room = min((long long)gamma, max(load_int(limit, limit_bytes, b) - 1, 0ll));
+  // limit_is_end: limit[b] is the length at which the budget ends (the device loop's state), not the
+  // tokens left.
+  const long long left = load_int(limit, limit_bytes, b) - (limit_is_end ? n : 0);
+  long long room = min((long long)gamma, max(left - 1, 0ll));
   if (load_int(finished, finished_bytes, b) != 0) room = 0;
   int length = 0;
   long long start = 0;

@@ -232,8 +232,7 @@ def bench_decode(pair, pairs_dir, target, draft, ngram_min, ngram_max, device, w
         target, built_draft = build_pair(pair, Path(pairs_dir) if pairs_dir else default_root(),
                                          check="cuda" if device == "cuda" else "cpu")
         draft = draft if ngram else built_draft
-    # Prompt lookup runs on the host loop; target-only then runs there too (the same loop for all).
-    decoder = load_decoder(target, draft, device, device_rounds=not ngram, ngram_min=ngram_min, ngram_max=ngram_max)
+    decoder = load_decoder(target, draft, device, ngram_min=ngram_min, ngram_max=ngram_max)
     methods = [m for m in methods.split(",") if m]
     report = {"pair": pair if target is None or pair != "embedded" else "custom", "workload": workload,
               "target": str(decoder.target_spec.model_dir),

@@ -40,6 +40,7 @@ import numpy as np
 
 from specsample_cupy import errors, kernel_runtime
 from specsample_cupy.decode_stats import Round
+from specsample_cupy.ngram import propose_ngram_device
 from specsample_cupy.sampling import ROW_SAMPLER_MAX_V
 from specsample_cupy.sessions_static import StaticDecoderSession
 from specsample_cupy.verify import VerifyResult, verify
@@ -55,15 +56,16 @@ class _Commit(ctypes.Structure):
 
 
 def _functions(tag: str, vec: int):
-    """decode_round.cu's (draft_step_done, round_done, compact_plan, target_step_done) as cupy.RawKernels
-    for the current device."""
-    names = (f"draft_step_done<{tag}, {vec}>", "round_done", "compact_plan", f"target_step_done<{tag}, {vec}>")
+    """decode_round.cu's (draft_step_done, round_done, compact_plan, target_step_done, ngram_target_feed)
+    as cupy.RawKernels for the current device."""
+    names = (f"draft_step_done<{tag}, {vec}>", "round_done", "compact_plan", f"target_step_done<{tag}, {vec}>",
+             "ngram_target_feed")
     return kernel_runtime.functions("decode_round.cu", names)
 
 
 def supported(target, draft, gamma_cap: int) -> str | None:
-    """None when the loop can run on the device for these sessions (draft None: target-only) and the
-    policy's largest gamma, else why not."""
+    """None when the loop can run on the device for these sessions (draft None: target-only, or
+    prompt-lookup drafts) and the policy's largest gamma, else why not."""
     if gamma_cap + 1 > THREADS:
         return f"gamma over {THREADS - 1}"   # round_done reads a row's gamma + 1 tokens with one thread each
     sessions = (target,) if draft is None else (target, draft)
@@ -109,7 +111,8 @@ EVENTS = 4            # report events in a ring: round r's and r - 1's are both 
 class _RoundBuffers:
     """What the device loop keeps between generate() calls of one shape: the device state, the report
     slots and the prebuilt launches (their pointers fixed). Bound to the sessions' current plans
-    (sessions_static), which it keeps alive. G: the largest gamma (0: target-only, no draft).
+    (sessions_static), which it keeps alive. G: the largest gamma (0: target-only, no draft); with
+    G > 0 and no draft session the drafts come from prompt lookup (ngram.cu) over the state's seq.
 
     The state is one int64 buffer, uploaded per generate() with one copy from pinned memory:
         seq [B, P] | seq_len [B] | limit [B] | finished [B] | eos [E] | mask_t [B, C] | mask_d [B, C]
@@ -128,8 +131,8 @@ class _RoundBuffers:
             self.state = cupy.zeros(total, cupy.int64)
             self.draft_len = cupy.zeros(B, cupy.int32)
             self.draft_tokens = cupy.zeros(B * max(G, 1), cupy.int32)
-            self.draft_logits = cupy.zeros(B * G * self.V, target.logits_dtype)
-            self.report_size = 3 * B + B * (G + 1) + 2 * B
+            self.draft_logits = cupy.zeros(B * G * self.V if draft is not None else 0, target.logits_dtype)
+            self.report_size = 3 * B + B * (G + 1) + 3 * B   # verify's output, taken, finished, draft_len
             self.first_report = cupy.zeros(self.report_size, cupy.int32)   # the set-up call's, unread
             self.no_verify = cupy.zeros(3 * B + B * (G + 1), cupy.int32)   # nothing emitted: prepares round 0
         self.dev, self.host, at = {}, {}, 0
@@ -147,10 +150,18 @@ class _RoundBuffers:
         vec = 16 // target.logits_dtype.itemsize
         if self.V % vec:
             vec = 1
-        step_kernel, done_kernel, self.compact_plan, target_kernel = _functions(tag, vec)
+        step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel = _functions(tag, vec)
         self.target_steps = {}   # S -> the target's _Step
+        self.step_launches = []
         if G == 0:
             self._build_target_only(target, target_kernel)
+        elif draft is None:
+            # Prompt lookup: round_done still rolls back a draft mask and writes a first draft feed;
+            # both go to scratch (the state's mask_d, this feed), nothing reads them.
+            with stream:
+                self.scratch_feed0 = cupy.zeros(2 * B + B * (C + 2), cupy.int64)
+            self._build_done(target, done_kernel, self.scratch_feed0)
+            self._build_ngram_feed(ngram_feed_kernel)
         else:
             self.draft_steps = [draft._step(2)] + ([draft._step(1)] if G > 1 else [])
             self._build_speculative(target, draft, step_kernel, done_kernel)
@@ -210,6 +221,12 @@ class _RoundBuffers:
                 ("finished", c.c_void_p(dev["finished"].data.ptr)),
                 ("draft_len", c.c_void_p(self.draft_len.data.ptr)), ("pos_limit", c.c_int64()), ("B", c.c_int32(B))],
                 commit, 2 * B + _copy_blocks(commit.rows, commit.words)))
+        self._build_done(target, done_kernel, self.draft_steps[0].feed)
+
+    def _build_done(self, target, done_kernel, feed0):
+        """round_done's launch; feed0: where it writes the next round's first draft feed."""
+        c = ctypes
+        B, G, C, dev = self.B, self.G, self.C, self.dev
         top = self.target_step(target, G + 1)
         commit = self._commit(target, top)
         self.done_launch = _Launch(done_kernel, [
@@ -221,9 +238,19 @@ class _RoundBuffers:
             ("limit", c.c_void_p(dev["limit"].data.ptr)), ("finished", c.c_void_p(dev["finished"].data.ptr)),
             ("eos", c.c_void_p(dev["eos"].data.ptr)), ("n_eos", c.c_int32(self.E)),
             ("pad_id", c.c_int64()), ("draft_len", c.c_void_p(self.draft_len.data.ptr)),
-            ("gamma_next", c.c_int32(G)), ("feed0", c.c_void_p(self.draft_steps[0].feed.data.ptr)),
+            ("gamma_next", c.c_int32(G)), ("feed0", c.c_void_p(feed0.data.ptr)),
             ("pos_limit", c.c_int64()), ("report", c.c_void_p(0)), ("B", c.c_int32(B))],
             commit, B + _copy_blocks(commit.rows, commit.words))
+
+    def _build_ngram_feed(self, kernel):
+        """ngram_target_feed's launch: the target's feed of a prompt-lookup round (G and feed per round)."""
+        c, dev = ctypes, self.dev
+        self.ngram_feed_launch = kernel_runtime.Launch(kernel, [
+            ("draft_tokens", c.c_void_p(self.draft_tokens.data.ptr)), ("draft_len", c.c_void_p(self.draft_len.data.ptr)),
+            ("G", c.c_int32(self.G)), ("V", c.c_int32(self.V)), ("mask_t", c.c_void_p(dev["mask_t"].data.ptr)),
+            ("C", c.c_int32(self.C)), ("seq", c.c_void_p(dev["seq"].data.ptr)), ("seq_pitch", c.c_int32(self.P)),
+            ("seq_len", c.c_void_p(dev["seq_len"].data.ptr)), ("finished", c.c_void_p(dev["finished"].data.ptr)),
+            ("pos_limit", c.c_int64()), ("feed", c.c_void_p()), ("B", c.c_int32(self.B))])
 
     def start(self, req, caches, *, gamma, temperature, seed, pad_id, pos_limit, stream):
         """One generate()'s initial state up in one copy, the per-call launch fields, and the first
@@ -260,6 +287,8 @@ class _RoundBuffers:
             return
         for launch in self.step_launches:
             launch.set(temperature=temperature, seed=seed & (2 ** 64 - 1), pos_limit=pos_limit)
+        if self.step_launches == [] and hasattr(self, "ngram_feed_launch"):
+            self.ngram_feed_launch.set(pos_limit=pos_limit)
         done = self.done_launch
         done.commit.words = 0
         done(stream, pad_id=pad_id, pos_limit=pos_limit, verify_out=self.no_verify.data.ptr, target_cols=0,
@@ -316,9 +345,11 @@ def calibrate_model_costs(decoder, buf: _RoundBuffers, gammas, replays: int = 5)
     if kept is not None:
         return kept
     stream = decoder.stream
-    runs = {("draft", 2): (decoder.draft, buf.draft_steps[0])}
-    if len(buf.draft_steps) > 1:
-        runs[("draft", 1)] = (decoder.draft, buf.draft_steps[1])
+    runs = {}
+    if decoder.draft is not None:   # prompt lookup: no draft runs (its kernel is in the remainder)
+        runs[("draft", 2)] = (decoder.draft, buf.draft_steps[0])
+        if len(buf.draft_steps) > 1:
+            runs[("draft", 1)] = (decoder.draft, buf.draft_steps[1])
     for g in [0, *gammas]:
         runs[("target", g + 1)] = (decoder.target, buf.target_step(decoder.target, g + 1))
     seconds = {}
@@ -333,7 +364,7 @@ def calibrate_model_costs(decoder, buf: _RoundBuffers, gammas, replays: int = 5)
             end.record(stream)
             end.synchronize()
             seconds[key_run] = cupy.cuda.get_elapsed_time(start, end) / 1e3 / replays
-    costs = {g: seconds[("draft", 2)] + (g - 1) * seconds.get(("draft", 1), 0.0) + seconds[("target", g + 1)]
+    costs = {g: seconds.get(("draft", 2), 0.0) + (g - 1) * seconds.get(("draft", 1), 0.0) + seconds[("target", g + 1)]
              for g in gammas}
     costs[0] = seconds[("target", 1)]
     decoder._model_costs[key] = costs
@@ -410,7 +441,14 @@ class DeviceRounds:
         buf, stream, B = self.buf, self.stream, self.B
         base = r * self.per_round
         target_step = buf.target_step(self.target, gamma + 1)
-        for i in range(gamma):
+        draft_tokens = buf.draft_tokens[:B * gamma].reshape(B, gamma)
+        if self.draft is None:   # prompt lookup: proposals from the device's sequences, then the target's feed
+            dev = buf.dev
+            propose_ngram_device(dev["seq"].reshape(B, buf.P), dev["seq_len"], dev["finished"], dev["limit"],
+                                 dev["eos"], draft_tokens, buf.draft_len, gamma=gamma, ngram_min=self.dec.ngram[0],
+                                 ngram_max=self.dec.ngram[1], limit_is_end=True)
+            buf.ngram_feed_launch(stream, B, THREADS, G=gamma, feed=target_step.feed.data.ptr)
+        for i in range(gamma if self.draft is not None else 0):
             launch = buf.step_launches[i]
             step = buf.draft_steps[min(i, 1)]
             L = self.dc.length
@@ -427,8 +465,8 @@ class DeviceRounds:
         timed = self.dec.time_model_runs
         target_end = self.clock.last_end("model") if timed and self.target.run_span is not None else None
         vocab = buf.V
-        draft_tokens = buf.draft_tokens[:B * gamma].reshape(B, gamma)
-        draft_logits = buf.draft_logits[:B * gamma * vocab].reshape(B, gamma, vocab)
+        # Prompt lookup's drafts are one-hot (verify() reads no draft rows).
+        draft_logits = buf.draft_logits[:B * gamma * vocab].reshape(B, gamma, vocab) if self.draft is not None else None
         with self.clock.span("verify", start=target_end) if timed else contextlib.nullcontext():
             res = verify(draft_tokens, draft_logits, target_step.logits, method=self.method,
                          temperature=self.temperature, seed=self.seed, offset=base + self.cap,
@@ -468,7 +506,8 @@ class DeviceRounds:
         errors.raise_if_any(result.error)
         req = self.req
         active = ~req.finished
-        draft_len = req.draft_lengths(G) if G else np.zeros(B, np.int64)   # what round_done set for this round
+        # The round's draft lengths as round_done found them (prompt lookup's depend on the data).
+        draft_len = report[packed + 2 * B:packed + 3 * B].astype(np.int64) if G else np.zeros(B, np.int64)
         taken, finished = report[packed:packed + B], report[packed + B:packed + 2 * B].astype(bool)
         if (active & ~req.stopped & (taken <= 0)).any():   # >= 1 token where no error is reported
             raise RuntimeError(f"device round {r} emitted nothing for an unfinished request: report {report.tolist()}")
@@ -510,8 +549,9 @@ class DeviceRounds:
             C = self.tc.capacity
             if self.dc is not None:
                 self.buf.draft_steps[0].feed[4 * B:].reshape(B, C + 2)[:, :C] = self.masks["draft"]
-            else:
+            elif self.buf.G == 0:
                 self.buf.target_steps[1].feed[2 * B:].reshape(B, C + 1)[:, :C] = self.masks["target"]
+            # (prompt-lookup rounds write the target's feed from the mask each round)
 
     def _can_run_ahead(self, r: int) -> bool:
         """Whether round r + 1 is needed whatever round r (in flight) emits, bar an EOS: some unfinished

@@ -75,7 +75,8 @@ class SpeculativeDecoder:
             draft="ngram": no draft model; each round proposes what followed the most recent earlier
             occurrence of the request's last ngram_max..ngram_min tokens (prompt lookup,
             specsample_cupy/ngram.py), verified exactly as one-hot drafts (verify() with
-            draft_logits=None). It runs on the host loop.
+            draft_logits=None). On the device loop the proposals are a kernel over the device's
+            sequences (kernels_cu/ngram.cu), no host round-trip.
         ngram_min, ngram_max: the suffix lengths prompt lookup tries, longest first.
         device: "cuda" (CuPy + onnxruntime-gpu; logits and caches stay on the GPU) or "cpu" (NumPy);
             default "cuda" when usable, else "cpu" with a RuntimeWarning.
@@ -105,6 +106,7 @@ class SpeculativeDecoder:
     # them off (those stats are then None; the prefill's few runs stay timed:
     # stats["prefill_model_time_s"]).
     time_model_runs = True
+    ngram = None   # (ngram_min, ngram_max) when draft="ngram"
 
     def __init__(self, target=None, draft=None, device: str | None = None, *, kv_slack: int = 32,
                  prefill_chunk: int = 256, device_id: int = 0, cuda_graphs: bool = True,
@@ -348,8 +350,6 @@ class SpeculativeDecoder:
             return "cpu"
         if not self.device_rounds:
             return "off"
-        if speculative and self.ngram:
-            return "n-gram drafts run on the host loop"
         return decode_device.supported(self.target, self.draft if speculative else None, gamma_cap)
 
     def _deliver(self, rnd, req, assembler, on_tokens):

@@ -156,7 +156,8 @@ class _Proposer:
             c.c_void_p(), c.c_int32(), c.c_void_p(), c.c_int32(),      # seq_len, its width; finished, its width
             c.c_void_p(), c.c_int32(), c.c_void_p(), c.c_int32(),      # limit, its width; eos, its width
             c.c_int32(), c.c_int32(), c.c_int32(), c.c_int32(), c.c_int32(),   # n_eos, gamma, ngram_min/max, pad
-            c.c_void_p(), c.c_int64(), c.c_void_p()])                  # draft_tokens, row pitch, draft_len
+            c.c_void_p(), c.c_int64(), c.c_void_p(),                   # draft_tokens, row pitch, draft_len
+            c.c_int32()])                                               # limit_is_end
 
 
 @functools.lru_cache(maxsize=None)
@@ -184,7 +185,7 @@ def _check_outputs(draft_tokens, draft_len, B, gamma):
 
 
 def propose_ngram_device(seq, seq_len, finished, limit, eos_ids, draft_tokens, draft_len, *, gamma,
-                         ngram_min=1, ngram_max=4, pad_id=0):
+                         ngram_min=1, ngram_max=4, pad_id=0, limit_is_end=False):
     """propose_ngram() on CuPy arrays: one kernel launch on the current stream, no host sync.
 
     seq [B, P] int64 with unit column stride (any row pitch); seq_len, limit [B] and eos_ids (1-D)
@@ -194,6 +195,8 @@ def propose_ngram_device(seq, seq_len, finished, limit, eos_ids, draft_tokens, d
     (contiguous): the caller's buffers, fully written by the kernel and returned.
     seq_len is not validated on the device (that would need a sync): values outside 0..P are
     clamped there, where propose_ngram() raises.
+    limit_is_end: limit[b] is the sequence length at which request b's budget ends (the device
+    loop's state) rather than the tokens it may still emit.
     """
     import cupy
     _check_args(gamma, ngram_min, ngram_max, pad_id)
@@ -214,5 +217,5 @@ def propose_ngram_device(seq, seq_len, finished, limit, eos_ids, draft_tokens, d
     _proposer(cupy.cuda.runtime.getDevice()).launch(stream, B, THREADS, leading=(
         seq.data.ptr, seq_pitch, P, seq_len.data.ptr, seq_len.itemsize, finished.data.ptr, finished.itemsize,
         limit.data.ptr, limit.itemsize, eos_ids.data.ptr, eos_ids.itemsize, eos_ids.size, gamma, ngram_min,
-        ngram_max, pad_id, draft_tokens.data.ptr, out_pitch, draft_len.data.ptr))
+        ngram_max, pad_id, draft_tokens.data.ptr, out_pitch, draft_len.data.ptr, int(bool(limit_is_end))))
     return draft_tokens, draft_len

@@ -213,11 +213,14 @@ def test_kernel_equals_numpy_path_on_random_histories():
         counts = cupy.int32 if i % 2 else cupy.int64
         tokens = cupy.full((B, gamma + i % 2), -7, cupy.int32)[:, :gamma]
         length = cupy.full(B, -7, cupy.int32)
+        # Every fourth call passes the limit as the length where the budget ends (the device loop's form).
+        as_end = i % 4 == 0
+        limit = np.asarray(case["limit"]) + (np.asarray(case["seq_len"]) if as_end else 0)
         propose_ngram_device(wide_seq[:, :P], cupy.asarray(case["seq_len"], counts),
                              cupy.asarray(case["finished"], bool if i % 3 else cupy.int64),
-                             cupy.asarray(case["limit"], counts), cupy.asarray(case["eos_ids"], counts),
+                             cupy.asarray(limit, counts), cupy.asarray(case["eos_ids"], counts),
                              tokens, length, gamma=gamma, ngram_min=case["ngram_min"],
-                             ngram_max=case["ngram_max"], pad_id=case["pad_id"])
+                             ngram_max=case["ngram_max"], pad_id=case["pad_id"], limit_is_end=as_end)
         assert (cupy.asnumpy(length) == want_length).all(), (case, cupy.asnumpy(length), want_length)
         assert (cupy.asnumpy(tokens) == want_tokens).all(), (case, cupy.asnumpy(tokens), want_tokens)
         histories += B
