@@ -159,17 +159,7 @@ struct Verifier {
     if constexpr (MODE == SS_MODE_SIGMOID_PAPER) {
       if (t < 0.f) return 0.f;
       if (t > 1.f) return 1.f;
-      // sigma(t) on [0, 1] as a degree-6 polynomial in t - 1/2 (Chebyshev fit; |error| < 7e-8 in
-      // float32, below sigma's own rounding): FMAs only, since exp and a reciprocal per element of
-      // both rows of a pair would make the paper's residual-sum scan bound by the special-function units.
-      const float x = t - 0.5f;
-      float y = -5.153225804e-04f;
-      y = fmaf(y, x, 1.106798247e-03f);
-      y = fmaf(y, x, 4.361009231e-03f);
-      y = fmaf(y, x, -1.605680408e-02f);
-      y = fmaf(y, x, -2.877822467e-02f);
-      y = fmaf(y, x, 2.350036385e-01f);
-      return fmaf(y, x, 6.224593300e-01f);
+      return __fdividef(1.f, 1.f + __expf(-t));   // t in [0, 1]: the fast forms are accurate here
     }
     return 1.f / (1.f + expf(-t));
   }
