@@ -9,6 +9,8 @@ the kernels consume identical random numbers. Every random number is addressed b
 and is lane ``index & 3`` of the four 32-bit words Philox returns for that counter. ``index``
 is the draft position for acceptance uniforms and the vocabulary id for sampling races.
 """
+import sys
+
 import numpy as np
 
 PURPOSE_ACCEPT = 0    # u_i for the acceptance test at draft position i
@@ -16,46 +18,74 @@ PURPOSE_RESIDUAL = 1  # exponential race at the emitted position of verify()
 PURPOSE_SAMPLE = 2    # exponential race of sample_tokens()
 
 # Every purpose by name: the kernels get them as the macros SS_PURPOSE_<NAME> from the header that
-# specsample_cupy.kernels generates for `#include "codes.cuh"` (this module is their one definition).
+# specsample_cupy.kernel_runtime generates for `#include "codes.cuh"` (this module is their one definition).
 PURPOSES = {name[len("PURPOSE_"):]: value for name, value in dict(globals()).items()
             if name.startswith("PURPOSE_") and isinstance(value, int)}
 
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
 _MASK32 = 0xFFFFFFFF
+_LOW_HALF = 0 if sys.byteorder == "little" else 1   # which uint32 of a uint64 holds its low bits
 
 
 def philox4x32_10(c0, c1, c2, c3, k0, k1, xp=np):
     """Philox4x32 with 10 rounds (Salmon et al., SC'11). Arguments broadcast; returns 4 uint32 arrays."""
     u32, u64 = xp.uint32, xp.uint64
     c = [xp.asarray(v, dtype=u32) for v in (c0, c1, c2, c3)]
-    k0 = int(k0) & _MASK32
-    k1 = int(k1) & _MASK32
+    # Array operations are what costs in NumPy here, so a round takes three: c0 and c2 are multiplied
+    # stacked as one array into 64-bit products whose 32-bit halves are read as views (no shifts or
+    # masks), then the high halves cross over to the other pair: (c0, c2) = (hi1 ^ c1 ^ k0,
+    # hi0 ^ c3 ^ k1), (c1, c3) = (lo1, lo0). Two product buffers alternate since the low halves
+    # stay in use for a round.
+    shape = (2,) + np.broadcast_shapes(*(v.shape for v in c))
+    even, odd = xp.empty(shape, u32), xp.empty(shape, u32)
+    even[0], even[1], odd[0], odd[1] = c[0], c[2], c[1], c[3]
+    pair = (2,) + (1,) * (len(shape) - 1)
+    mul = xp.asarray([_M0, _M1], dtype=u64).reshape(pair)
+    k0, k1 = int(k0) & _MASK32, int(k1) & _MASK32
+    keys = [[(k0 + r * _W0) & _MASK32, (k1 + r * _W1) & _MASK32] for r in range(10)]   # bumped each round
+    keys = xp.asarray(keys, dtype=u32).reshape((10,) + pair)
+    products = [xp.empty(shape, u64), xp.empty(shape, u64)]
+    high, low = (Ellipsis, 1 - _LOW_HALF), (Ellipsis, _LOW_HALF)
     for r in range(10):
-        if r:
-            k0 = (k0 + _W0) & _MASK32
-            k1 = (k1 + _W1) & _MASK32
-        p0 = c[0].astype(u64) * u64(_M0)
-        p1 = c[2].astype(u64) * u64(_M1)
-        hi0, lo0 = (p0 >> u64(32)).astype(u32), (p0 & u64(_MASK32)).astype(u32)
-        hi1, lo1 = (p1 >> u64(32)).astype(u32), (p1 & u64(_MASK32)).astype(u32)
-        c = [hi1 ^ c[1] ^ u32(k0), lo1, hi0 ^ c[3] ^ u32(k1), lo0]
-    return c
+        halves = xp.multiply(even, mul, out=products[r % 2]).view(u32).reshape(shape + (2,))
+        even = xp.bitwise_xor(halves[high][::-1], odd, out=even)   # even has been multiplied: free
+        even ^= keys[r]
+        odd = halves[low][::-1]
+    return [even[0], odd[0], even[1], odd[1]]
+
+
+def _counter_words(seed, offset, request, position, purpose, counter, xp):
+    """The four Philox words of counter (counter, purpose << 16 | position, request, offset)."""
+    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    position = xp.asarray(position, dtype=xp.uint32)
+    return philox4x32_10(counter, (xp.uint32(purpose) << xp.uint32(16)) | position,
+                         xp.asarray(request, dtype=xp.uint32), xp.uint32(int(offset) & _MASK32),
+                         seed & _MASK32, seed >> 32, xp=xp)
 
 
 def random_bits(seed, offset, request, position, purpose, index, xp=np):
     """uint32 random words addressed as in the module docstring; arguments broadcast."""
-    request = xp.asarray(request, dtype=xp.uint32)
-    position = xp.asarray(position, dtype=xp.uint32)
     index = xp.asarray(index, dtype=xp.uint32)
-    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-    words = philox4x32_10(index >> xp.uint32(2), (xp.uint32(purpose) << xp.uint32(16)) | position,
-                          request, xp.uint32(int(offset) & _MASK32), seed & _MASK32, seed >> 32, xp=xp)
+    words = _counter_words(seed, offset, request, position, purpose, index >> xp.uint32(2), xp)
     lane = index & xp.uint32(3)
     out = words[3]
     for k in (2, 1, 0):
         out = xp.where(lane == k, words[k], out)
     return out
+
+
+def random_row_bits(seed, offset, request, position, purpose, length, xp=np):
+    """random_bits() for index = 0 .. length-1 along a new last axis: [*shape, length] uint32, shape
+    the broadcast shape of request and position (the exponential race of a whole vocabulary row).
+
+    Indices 4c .. 4c+3 are the four lanes of counter c, so each counter is computed once and its
+    words interleaved, a quarter of the work of random_bits() over the same indices."""
+    counters = xp.arange(-(-int(length) // 4), dtype=xp.uint32)
+    request = xp.asarray(request, dtype=xp.uint32)[..., None]
+    position = xp.asarray(position, dtype=xp.uint32)[..., None]
+    words = xp.stack(_counter_words(seed, offset, request, position, purpose, counters, xp), axis=-1)
+    return words.reshape(words.shape[:-2] + (-1,))[..., :length]
 
 
 def acceptance_uniform(bits, xp=np):
@@ -65,5 +95,8 @@ def acceptance_uniform(bits, xp=np):
 
 def race_exponential(bits, xp=np):
     """Exp(1) variates -log(U) with U = ((bits >> 9) + 0.5) * 2^-23 in (0, 1), exact in float32."""
-    u = ((bits >> xp.uint32(9)).astype(xp.float64) + 0.5) * 2.0 ** -23
-    return -xp.log(u)
+    u = (bits >> xp.uint32(9)).astype(xp.float64)
+    u += 0.5                                  # in place: the same values without new arrays
+    u *= 2.0 ** -23
+    xp.log(u, out=u)
+    return xp.negative(u, out=u)

@@ -9,8 +9,7 @@ draft [B, G, V], target [B, G+1, V], lengths [B] int, temps [B] float.
 import numpy as np
 
 from specsample_cupy import errors
-from specsample_cupy.philox import (PURPOSE_ACCEPT, acceptance_uniform, race_exponential,
-                                    random_bits)
+from specsample_cupy.philox import PURPOSE_ACCEPT, acceptance_uniform, race_exponential, random_row_bits
 
 
 def _or(xp, err, mask, code):
@@ -50,89 +49,322 @@ def request_errors(draft_tokens, draft, target, lengths, temps, *, probs, greedy
     err = _or(xp, err, (lengths < 0) | (lengths > G), errors.LENGTH)
     L = xp.clip(lengths, 0, G)
     t_rows = xp.arange(G1)[None, :] <= L[:, None]
-    if probs:
-        invalid = lambda a: ~((a >= 0) & (a < np.inf))
-        no_mass = lambda a: ~((a > 0) & (a < np.inf)).any(-1)
-    else:
-        invalid = lambda a: ~(a < np.inf)
-        no_mass = lambda a: ~(a > -np.inf).any(-1)
-    err = _or(xp, err, (invalid(target).any(-1) & t_rows).any(-1), errors.TARGET_VALUES)
-    err = _or(xp, err, (no_mass(target) & t_rows).any(-1), errors.NO_MASS)
+    invalid, no_mass = _row_checks(target, probs, xp)
+    err = _or(xp, err, (invalid & t_rows).any(-1), errors.TARGET_VALUES)
+    err = _or(xp, err, (no_mass & t_rows).any(-1), errors.NO_MASS)
     if G:
         in_draft = xp.arange(G)[None, :] < L[:, None]
         d_rows = in_draft & ~greedy[:, None]
-        err = _or(xp, err, (invalid(draft).any(-1) & d_rows).any(-1), errors.DRAFT_VALUES)
-        err = _or(xp, err, (no_mass(draft) & d_rows).any(-1), errors.NO_MASS)
+        invalid, no_mass = _row_checks(draft, probs, xp)
+        err = _or(xp, err, (invalid & d_rows).any(-1), errors.DRAFT_VALUES)
+        err = _or(xp, err, (no_mass & d_rows).any(-1), errors.NO_MASS)
         err = _or(xp, err, (((draft_tokens < 0) | (draft_tokens >= V)) & in_draft).any(-1), errors.TOKEN_RANGE)
     return err, L, greedy, temps
 
 
+def _row_checks(a, probs, xp):
+    """(invalid, no_mass) of every row of a [..., V] by request_errors()' rules: invalid when the
+    row holds NaN or +Inf (probs: NaN, a negative value or +Inf), no_mass when no entry is > -Inf
+    (probs: in (0, +Inf))."""
+    if probs:
+        bad = lambda v: ~((v >= 0) & (v < np.inf))
+        mass = lambda v: (v > 0) & (v < np.inf)
+    else:
+        bad = lambda v: ~(v < np.inf)
+        mass = lambda v: v > -np.inf
+    if xp is not np:   # element by element: CuPy runs this without a host synchronisation
+        return bad(a).any(-1), ~mass(a).any(-1)
+    # NumPy: a row holds a bad entry exactly when its max or min (NaN propagates) is bad, and a row
+    # without one has mass exactly when its max has; one or two vectorised reductions instead of
+    # several element-wise passes. The rare rows with a bad entry are checked entry by entry.
+    lo, hi = _half_row_extremes(a) if a.dtype == np.float16 else (a.min(-1) if probs else None, a.max(-1))
+    invalid = bad(lo) | bad(hi) if probs else bad(hi)
+    no_mass = ~mass(hi)
+    if invalid.any():
+        rows = np.flatnonzero(invalid)
+        no_mass.reshape(-1)[rows] = ~mass(_exact_float32(a.reshape(-1, a.shape[-1])[rows])).any(-1)
+    return invalid, no_mass
+
+
+def _half_row_extremes(a):
+    """(min, max) of every row of a float16 array [..., V], as float32, NaN where the row holds
+    NaN: what a.min(-1) and a.max(-1) give, from the bit patterns. NumPy's float16 reductions and
+    conversions are slow scalar loops; integer ones are vectorised. Flipping the magnitude bits of
+    negative numbers makes the int16 order that of the values (-0 just below +0; NaNs beyond
+    +-Inf), and flipping them back turns the extreme keys into the extreme values."""
+    flip = lambda k: k ^ ((k >> 15) & 0x7FFF)
+    keys = flip(a.view(np.int16))
+    lo, hi = keys.min(-1), keys.max(-1)
+    inf_key, minus_inf_key = flip(np.array([np.inf, -np.inf], np.float16).view(np.int16))
+    nan = (hi > inf_key) | (lo < minus_inf_key)
+    as_float = lambda k: np.where(nan, np.float32(np.nan), flip(k).view(np.float16).astype(np.float32))
+    return as_float(lo), as_float(hi)
+
+
+def _exact_float32(a):
+    """float16 arrays as float32: the same numbers (every float16 is a float32), while NumPy's
+    float16 comparisons, reductions and argmax are slow scalar loops."""
+    return a.astype(np.float32) if a.dtype == np.float16 else a
+
+
+SIGMOID_MODES = ("sigmoid", "sigmoid-paper")
+PAPER_FLOOR, PAPER_EPS = 1e-5, 1e-6   # the paper's clamp_min on sampling weights, its residual sum's start
+
+
 def row_weights(x, temps, *, mode, sigmoid_offset, sigmoid_scale):
-    """Per-row probabilities [B, R, V] float64 for mode 'logits' (softmax), 'probs' (the valid
-    entries normalised) or 'sigmoid'. temps: [B], already 1 for greedy and bad requests (their
-    rows' weights are not used for sampling)."""
+    """Per-row weights [B, R, V] float64 for mode 'logits' (softmax), 'probs' (the valid entries
+    normalised), 'sigmoid' (sigmoid((z - offset) / scale)) or 'sigmoid-paper' (the same, 0 below
+    the window t = (z - offset) / scale in [0, 1] and 1 above it). temps: [B], already 1 for greedy
+    and bad requests (their rows' weights are not used for sampling)."""
+    if mode == "logits":
+        w, sums = _softmax_terms(x, temps)
+        w /= sums
+        return w
     x = x.astype(np.float64)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         if mode == "probs":
             x = np.where((x >= 0) & (x < np.inf), x, 0.0)
             return x / x.sum(-1, keepdims=True)
         x = x * (1.0 / temps)[:, None, None]
-        if mode == "sigmoid":
-            return 1.0 / (1.0 + np.exp(-(x - sigmoid_offset) / sigmoid_scale))
-        top = x.max(-1, keepdims=True)
-        w = np.exp(x - np.where(np.isfinite(top), top, 0.0))
-        return w / w.sum(-1, keepdims=True)
+        if mode in SIGMOID_MODES:
+            t = (x - sigmoid_offset) / sigmoid_scale
+            w = 1.0 / (1.0 + np.exp(-t))
+            if mode == "sigmoid-paper":
+                w = np.where(t < 0, 0.0, np.where(t > 1, 1.0, w))
+            return w
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def _softmax_terms(x, temps):
+    """(w, sums) per row with w = exp(z - max z), z = float64(x) * (1 / temps), the max taken as 0
+    where it is not finite: softmax (row_weights' mode 'logits') is w / sums. In fewer passes over
+    the row than the plain form, bit for bit: the conversion to float64 happens inside the first
+    arithmetic, the rest in place, and for float32 rows where 1 / temps is 1 (z = x) the max is
+    taken before converting (the conversion is exact and keeps the order, NaN included)."""
+    scale = (1.0 / temps)[:, None, None]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if x.dtype == np.float32 and (scale == 1.0).all():
+            top = x.max(-1, keepdims=True).astype(np.float64)
+            w = np.subtract(x, np.where(np.isfinite(top), top, 0.0), dtype=np.float64)
+        else:
+            w = np.multiply(x, scale, dtype=np.float64)
+            top = w.max(-1, keepdims=True)
+            w -= np.where(np.isfinite(top), top, 0.0)
+        np.exp(w, out=w)
+    return w, w.sum(-1, keepdims=True)
+
+
+def _row_terms(x, temps, kw):
+    """(terms, divisors) per row with row_weights(x, temps, **kw) == terms / divisors bit for bit.
+    Softmax divides last by its row sums, which verification needs for the rows it samples from but
+    not for the rows it reads one weight of; the other modes come whole (divisor 1, exact)."""
+    if kw["mode"] == "logits":
+        return _softmax_terms(x, temps)
+    return row_weights(x, temps, **kw), np.ones(x.shape[:-1] + (1,))
+
+
+# Entries of rows worth one array call: shorter rows are handled several at once (positions in
+# _first_rejection, rows in _RowsOnDemand), since a call's fixed cost outweighs what verifying them
+# one by one could save; longer ones one at a time (nothing after a first rejection is computed).
+ROW_BLOCK = 16384
+
+
+class _RowsOnDemand:
+    """row_weights(x, temps) row by row: row [b, r] is computed when first read, then kept.
+
+    Verification reads a request's rows 0..n of both models only (n: its first rejection, whose
+    rows the residual reuses), so rows after n are never computed, and of rows before n one weight
+    each, so those are kept undivided (_row_terms()). Every mode of row_weights() is a function of
+    each row alone, so a row computed on its own is bit for bit that row of the whole array."""
+
+    def __init__(self, x, temps, kw):
+        self.x, self.temps, self.kw = x, temps, kw
+        self.done = {}                           # (b, r) -> [terms [V], divisor]
+
+    def _rows(self, reqs, r):
+        """The kept [terms, divisor] of rows (reqs[k], r[k]), computed where not kept yet."""
+        keys = list(zip(reqs.tolist(), r.tolist()))
+        todo = [key for key in dict.fromkeys(keys) if key not in self.done]
+        # Short rows are gathered into calls of ROW_BLOCK entries (a call's fixed cost outweighs
+        # the copy), long rows go one at a time as views of x (gathering would copy them).
+        size = max(1, ROW_BLOCK // self.x.shape[-1])
+        for group in (todo[k:k + size] for k in range(0, len(todo), size)):
+            b, r = np.array(group).T
+            x = self.x[b, r][:, None] if len(group) > 1 else self.x[b[0], r[0]][None, None]
+            terms, divisors = _row_terms(x, self.temps[b], self.kw)
+            self.done.update((key, [t, d]) for key, t, d in zip(group, terms[:, 0], divisors[:, 0, 0]))
+        return [self.done[key] for key in keys]
+
+    def at(self, reqs, r, cols):
+        """Weights at (reqs, r, cols), index arrays of one shape."""
+        rows = self._rows(reqs.ravel(), r.ravel())
+        terms = np.array([t[c] for (t, _), c in zip(rows, cols.ravel().tolist())], np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return (terms / np.array([d for _, d in rows], np.float64)).reshape(reqs.shape)
+
+    def rows(self, reqs, r, *, only):
+        """Rows (reqs[k], r[k]) [len(reqs), V] where only[k], 0 elsewhere. Read only: with a single
+        request it is the kept row itself."""
+        rows = self._rows(reqs[only], r[only])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for row in rows:
+                if row[1] != 1.0:                # divided in place, once (x / 1 is x)
+                    row[0] /= row[1]
+                    row[1] = 1.0
+        if len(only) == 1 and only[0]:
+            return rows[0][0][None]
+        out = np.zeros((len(only), self.x.shape[-1]))
+        for k, (terms, _) in zip(np.flatnonzero(only), rows):
+            out[k] = terms
+        return out
+
+
+def _greedy_argmax(target, greedy):
+    """target.argmax(-1) [B, G+1] (first index of the maximum) in the greedy requests' rows, 0 in
+    the others (they never read it). Converting to float64 first would not change it: the
+    conversion is exact and keeps the order."""
+    argmax = np.zeros(target.shape[:2], np.int64)
+    if greedy.any():
+        argmax[greedy] = _exact_float32(target[greedy]).argmax(-1)
+    return argmax
+
+
+def _first_rejection(accepts, L, live, step):
+    """n [B]: each live request's first rejected draft position, or L when drafts 0..L-1 are all
+    accepted (L for the others too). accepts(reqs, i) -> bool [len(reqs), len(i)] is asked for
+    `step` positions i at a time, for the requests still verifying at i[0]."""
+    n = L.copy()
+    verifying = live.copy()
+    end = int(L.max(initial=0))
+    for start in range(0, end, step):
+        reqs = np.flatnonzero(verifying & (start < L))
+        if not reqs.size:
+            break
+        i = np.arange(start, min(start + step, end))
+        rejects = ~accepts(reqs, i) & (i[None, :] < L[reqs, None])
+        hit = rejects.any(-1)
+        n[reqs[hit]] = i[rejects[hit].argmax(-1)]
+        verifying[reqs[hit]] = False
+    return n
+
+
+def _residual(p_n, q_n):
+    """max(0, p_n - q_n) per row [B, V], or p_n where that is all 0 (in place, one new array)."""
+    with np.errstate(invalid="ignore"):
+        residual = np.subtract(p_n, q_n)
+        np.maximum(residual, 0.0, out=residual)
+        empty = ~(residual > 0).any(-1)
+    residual[empty] = p_n[empty]
+    return residual
+
+
+def _race(residual, rows, seed, offset, n, purpose):
+    """The exponential race in each row of residual [B, V] where rows [B] is True: the token
+    argmax_j residual_j / e_j (e_j ~ Exp(1), Philox at request b, position n[b], index j; entries
+    without positive weight never win) and whether no weight was positive. Other rows: token 0,
+    not massless."""
+    B, V = residual.shape
+    token, massless = np.zeros(B, np.int64), np.zeros(B, bool)
+    sel = np.flatnonzero(rows)
+    if sel.size:
+        key = race_exponential(random_row_bits(seed, offset, sel, n[sel], purpose, V))
+        w = residual if sel.size == B else residual[sel]
+        positive = w > 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            np.divide(w, key, out=key)            # in place: fresh large arrays cost more than the math
+        key[~positive] = -1.0
+        best = key.argmax(-1)
+        token[sel] = best
+        massless[sel] = ~(key[np.arange(sel.size), best] > 0)    # the row's largest key
+    return token, massless
 
 
 def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed, offset,
                      race_purpose, sigmoid_offset=-10000.0, sigmoid_scale=20000.0, greedy_all=False):
     """Returns (accepted [B], tokens [B, G+1], emitted [B], error [B]) as int32 NumPy arrays.
 
-    mode: 'logits' (exact), 'probs' (exact from probabilities) or 'sigmoid'.
+    mode: 'logits' (exact), 'probs' (exact from probabilities), 'sigmoid' or 'sigmoid-paper'.
     Temperature-0 requests are greedy (accept while the draft is the target's argmax) except in
-    'sigmoid', where temperature 0 is an error; greedy_all makes every request greedy (method
-    "greedy"). A request with an error emits nothing (see request_errors()).
+    the sigmoid modes, where temperature 0 is an error; greedy_all makes every request greedy
+    (method "greedy"). A request with an error emits nothing (see request_errors()).
+
+    The sigmoid modes accept draft i while u * s(q) <= s(p) (s: row_weights' sigmoid of the draft
+    token's scaled logits) and at the first rejection n sample in proportion to
+        'sigmoid':        max(0, s(p_n) - s(q_n)) (s(p_n) where that is all 0);
+        'sigmoid-paper':  max(1e-5, max(0, s(p_n) - s(q_n)) / (1e-6 + sum_j max(0, ...)));
+    and when every draft is accepted (the bonus token)
+        'sigmoid':        softmax(z_L / T), exactly;
+        'sigmoid-paper':  max(1e-5, z_L / T) (raw scaled logits), as the paper's released code.
     """
     B, G1, V = target.shape
     G = G1 - 1
     err, L, greedy, temps = request_errors(draft_tokens, draft, target, np.asarray(lengths),
                                            np.asarray(temps, np.float64), probs=mode == "probs",
-                                           greedy_ok=mode != "sigmoid", greedy_all=greedy_all)
+                                           greedy_ok=mode not in SIGMOID_MODES, greedy_all=greedy_all)
     kw = dict(mode=mode, sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale)
-    p = row_weights(target, temps, **kw)
-    q = row_weights(draft, temps, **kw)
+    # The weights, each row computed when a step below first reads it.
+    p = _RowsOnDemand(target, temps, kw)
+    q = _RowsOnDemand(draft, temps, kw)
 
     b = np.arange(B)
     x = np.clip(draft_tokens, 0, V - 1).astype(np.int64)
     pos = np.arange(G)
-    px = np.take_along_axis(p[:, :G], x[..., None], -1)[..., 0]
-    qx = np.take_along_axis(q, x[..., None], -1)[..., 0]
-    u = acceptance_uniform(random_bits(seed, offset, b[:, None], 0, PURPOSE_ACCEPT, pos[None, :]))
-    with np.errstate(invalid="ignore"):
-        accept = (px > 0) & (u * qx <= px)
-    target_argmax = target.astype(np.float64).argmax(-1)          # first index of the maximum
-    accept = np.where(greedy[:, None], x == target_argmax[:, :G], accept)
-    reject = ~accept & (pos[None, :] < L[:, None])
-    n = np.where(reject.any(-1), reject.argmax(-1), L) if G else L
+    u = acceptance_uniform(random_row_bits(seed, offset, b, 0, PURPOSE_ACCEPT, G))    # [B, G]
+    sampled = (err == 0) & ~greedy                 # the requests whose weights are read
+    target_argmax = _greedy_argmax(target, greedy)
 
-    p_n = p[b, n]
-    q_n = np.where((n < L)[:, None], q[b, np.minimum(n, max(G - 1, 0))] if G else 0.0, 0.0)
-    with np.errstate(invalid="ignore"):
-        residual = np.maximum(p_n - q_n, 0.0)
-        residual = np.where((residual > 0).any(-1, keepdims=True), residual, p_n)
-    e = race_exponential(random_bits(seed, offset, b[:, None], n[:, None], race_purpose,
-                                     np.arange(V)[None, :]))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        key = np.where(residual > 0, residual / e, -1.0)
-    token = np.where(greedy, target_argmax[b, n], key.argmax(-1))
+    def accepts(reqs, i):
+        """Acceptance [len(reqs), len(i)] of the drafts at positions i by the requests reqs."""
+        tok = x[reqs[:, None], i]
+        ok = tok == target_argmax[reqs[:, None], i]
+        s = ~greedy[reqs]
+        r, at = reqs[s, None].repeat(len(i), 1), i[None, :].repeat(s.sum(), 0)
+        px, qx = p.at(r, at, tok[s]), q.at(r, at, tok[s])
+        with np.errstate(invalid="ignore"):
+            ok[s] = (px > 0) & (u[r, at] * qx <= px)
+        return ok
+
+    # Requests with an error emit nothing: they are not verified.
+    n = _first_rejection(accepts, L, err == 0, step=max(1, ROW_BLOCK // V))
+
+    p_n = p.rows(b, n, only=sampled)
+    q_n = q.rows(b, n, only=sampled & (n < L))     # 0 where n = L: no draft row there
+    residual = _residual(p_n, q_n)
+    if mode in SIGMOID_MODES:
+        residual = _sigmoid_race_weights(mode, residual, p_n - q_n, target[b, n], temps, bonus=n >= L)
+    token, massless = _race(residual, sampled, seed, offset, n, race_purpose)
+    token = np.where(greedy, target_argmax[b, n], token)
     # No positive weight left in row n (only float underflow gets here without another error).
-    err = _or(np, err, (err == 0) & ~greedy & ~(key.max(-1) > 0), errors.NO_MASS)
+    err = _or(np, err, sampled & massless, errors.NO_MASS)
 
-    tokens = np.full((B, G1), -1, np.int32)
-    tokens[:, :G] = np.where(pos[None, :] < n[:, None], draft_tokens, -1)
+    return verify_outputs(draft_tokens, n, token, err)
+
+
+def verify_outputs(draft_tokens, n, token, err):
+    """(accepted, tokens [B, G+1], emitted, error) int32 from the first rejection n [B], the emitted
+    token [B] and the error codes [B]: the accepted drafts, the token at n, -1 after; a request with
+    an error gets accepted -1, emitted 0 and tokens -1."""
+    B, G = draft_tokens.shape
+    b = np.arange(B)
+    tokens = np.full((B, G + 1), -1, np.int32)
+    tokens[:, :G] = np.where(np.arange(G)[None, :] < n[:, None], draft_tokens, -1)
     tokens[b, n] = token
     accepted = n.astype(np.int32)
     failed = err != 0
     tokens[failed] = -1
     accepted[failed] = -1
     return accepted, tokens, (accepted + 1) * ~failed, err
+
+
+def _sigmoid_race_weights(mode, residual, diff, z_n, temps, *, bonus):
+    """The sigmoid modes' sampling weights of row n [B, V] (reference_verify's docstring): residual
+    is max(0, s(p_n) - s(q_n)) or s(p_n) where that is all 0, diff = s(p_n) - s(q_n), z_n the
+    target's logits of row n."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        z = z_n.astype(np.float64) / temps[:, None]
+        if mode == "sigmoid":
+            softmax = row_weights(z_n[:, None, :], temps, mode="logits", sigmoid_offset=0.0, sigmoid_scale=1.0)[:, 0]
+            return np.where(bonus[:, None], softmax, residual)
+        diff = np.maximum(diff, 0.0)   # no fallback: an all-zero residual leaves the 1e-5 floor alone
+        normalised = diff / (PAPER_EPS + diff.sum(-1, keepdims=True))
+        return np.maximum(np.where(bonus[:, None], z, normalised), PAPER_FLOOR)

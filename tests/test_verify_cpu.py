@@ -2,9 +2,11 @@
 import numpy as np
 import pytest
 
-from helpers_verify import random_problem
-from specsample_cupy import errors, sample_tokens, verify
-from specsample_cupy.philox import PURPOSE_ACCEPT, acceptance_uniform, random_bits
+from helpers_verify import random_problem, softmax
+from specsample_cupy import errors, reference, sample_tokens, verify
+from specsample_cupy.philox import (PURPOSE_ACCEPT, PURPOSE_RESIDUAL, PURPOSE_SAMPLE, acceptance_uniform,
+                                    random_bits)
+from test_philox import race_exponential_before, random_bits_before
 
 NEG = -np.inf
 
@@ -251,3 +253,224 @@ def test_bad_arguments():
         verify(t, d, p, seed=1.5)
     with pytest.raises(TypeError, match="NumPy arrays or all CuPy"):
         verify(t.tolist(), d, p)
+
+
+# ---- The reference as first written (frozen): every row of both models normalised as whole arrays,
+# Philox for every index. reference_verify now computes rows on demand (only up to the first
+# rejection) and the race's counters once each; its results must stay bit for bit those below.
+# The sigmoid modes' weights (reference.row_weights and the race weights of row n) are defined by
+# the reference itself and used from it; what is frozen is everything around them.
+def _request_errors_before(draft_tokens, draft, target, lengths, temps, *, probs, greedy_ok, greedy_all):
+    B, G1, V = target.shape
+    G = G1 - 1
+    temps = temps.astype(np.float64)
+    lengths = lengths.astype(np.int64)
+    code = lambda mask, c: np.where(mask, int(c), 0).astype(np.int32)
+    bad_t = ~((temps >= 0) & (temps < np.inf))
+    if not greedy_ok:
+        bad_t = bad_t | (temps == 0)
+    err = code(bad_t, errors.TEMPERATURE)
+    greedy = np.ones(B, dtype=bool) if greedy_all else (temps == 0) & ~bad_t
+    temps = np.where(bad_t | greedy, 1.0, temps)
+    err |= code((lengths < 0) | (lengths > G), errors.LENGTH)
+    L = np.clip(lengths, 0, G)
+    t_rows = np.arange(G1)[None, :] <= L[:, None]
+    if probs:
+        invalid = lambda a: ~((a >= 0) & (a < np.inf))
+        no_mass = lambda a: ~((a > 0) & (a < np.inf)).any(-1)
+    else:
+        invalid = lambda a: ~(a < np.inf)
+        no_mass = lambda a: ~(a > -np.inf).any(-1)
+    err |= code((invalid(target).any(-1) & t_rows).any(-1), errors.TARGET_VALUES)
+    err |= code((no_mass(target) & t_rows).any(-1), errors.NO_MASS)
+    if G:
+        in_draft = np.arange(G)[None, :] < L[:, None]
+        d_rows = in_draft & ~greedy[:, None]
+        err |= code((invalid(draft).any(-1) & d_rows).any(-1), errors.DRAFT_VALUES)
+        err |= code((no_mass(draft) & d_rows).any(-1), errors.NO_MASS)
+        err |= code((((draft_tokens < 0) | (draft_tokens >= V)) & in_draft).any(-1), errors.TOKEN_RANGE)
+    return err, L, greedy, temps
+
+
+def _row_weights_before(x, temps, *, mode, sigmoid_offset, sigmoid_scale):
+    if mode != "logits":   # only the softmax was rewritten
+        return reference.row_weights(x, temps, mode=mode, sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale)
+    x = x.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        x = x * (1.0 / temps)[:, None, None]
+        top = x.max(-1, keepdims=True)
+        w = np.exp(x - np.where(np.isfinite(top), top, 0.0))
+        return w / w.sum(-1, keepdims=True)
+
+
+def _reference_verify_before(draft_tokens, draft, target, lengths, temps, *, mode, seed, offset,
+                             race_purpose, sigmoid_offset, sigmoid_scale, greedy_all=False):
+    B, G1, V = target.shape
+    G = G1 - 1
+    err, L, greedy, temps = _request_errors_before(draft_tokens, draft, target, lengths, temps,
+                                                   probs=mode == "probs", greedy_all=greedy_all,
+                                                   greedy_ok=mode not in reference.SIGMOID_MODES)
+    kw = dict(mode=mode, sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale)
+    p = _row_weights_before(target, temps, **kw)
+    q = _row_weights_before(draft, temps, **kw)
+    b = np.arange(B)
+    x = np.clip(draft_tokens, 0, V - 1).astype(np.int64)
+    pos = np.arange(G)
+    px = np.take_along_axis(p[:, :G], x[..., None], -1)[..., 0]
+    qx = np.take_along_axis(q, x[..., None], -1)[..., 0]
+    u = acceptance_uniform(random_bits_before(seed, offset, b[:, None], 0, PURPOSE_ACCEPT, pos[None, :]))
+    with np.errstate(invalid="ignore"):
+        accept = (px > 0) & (u * qx <= px)
+    target_argmax = target.astype(np.float64).argmax(-1)
+    accept = np.where(greedy[:, None], x == target_argmax[:, :G], accept)
+    reject = ~accept & (pos[None, :] < L[:, None])
+    n = np.where(reject.any(-1), reject.argmax(-1), L) if G else L
+    p_n = p[b, n]
+    q_n = np.where((n < L)[:, None], q[b, np.minimum(n, max(G - 1, 0))] if G else 0.0, 0.0)
+    with np.errstate(invalid="ignore"):
+        residual = np.maximum(p_n - q_n, 0.0)
+        residual = np.where((residual > 0).any(-1, keepdims=True), residual, p_n)
+    if mode in reference.SIGMOID_MODES:
+        residual = reference._sigmoid_race_weights(mode, residual, p_n - q_n, target[b, n], temps, bonus=n >= L)
+    e = race_exponential_before(random_bits_before(seed, offset, b[:, None], n[:, None], race_purpose,
+                                                   np.arange(V)[None, :]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        key = np.where(residual > 0, residual / e, -1.0)
+    token = np.where(greedy, target_argmax[b, n], key.argmax(-1))
+    err |= np.where((err == 0) & ~greedy & ~(key.max(-1) > 0), int(errors.NO_MASS), 0).astype(np.int32)
+    return reference.verify_outputs(draft_tokens, n, token, err)   # output assembly: unchanged, shared
+
+
+def _spoil_rows(rng, a, probs):
+    """Edge-case rows in a [B, R, V] (in place): NaN, +Inf, -Inf entries, whole -Inf (or zero) rows,
+    a single finite entry, ties for the maximum; probabilities also get negative entries."""
+    B, R, V = a.shape
+    for _ in range(rng.integers(0, 3) if R else 0):
+        b, r, j = rng.integers(B), rng.integers(R), rng.integers(V)
+        kind = rng.integers(7)
+        if kind == 0:
+            a[b, r, j] = np.nan
+        elif kind == 1:
+            a[b, r, j] = np.inf
+        elif kind == 2:
+            a[b, r, rng.random(V) < 0.5] = 0.0 if probs else -np.inf
+        elif kind == 3:
+            a[b, r] = 0.0 if probs else -np.inf
+        elif kind == 4:
+            a[b, r] = 0.0 if probs else -np.inf
+            a[b, r, j] = 1.0
+        elif kind == 5:
+            a[b, r, rng.integers(V, size=3)] = a[b, r].max()
+        else:
+            a[b, r, j] = -1.0 if probs else -np.inf
+
+
+def _random_case(rng):
+    B, G = int(rng.integers(1, 6)), int(rng.integers(0, 6))
+    V = int(rng.choice([1, 2, 3, 5, 8, 17, 64, 257, 1000, 4099]))
+    mode = str(rng.choice(["logits", "logits", "greedy", "probs", *reference.SIGMOID_MODES]))
+    probs = mode == "probs"
+    tokens, draft, target = random_problem(rng, B, G, V, scale=float(rng.choice([0.5, 2.0, 8.0])),
+                                           closeness=float(rng.random()))
+    if rng.random() < 0.2:                           # identical models: every draft accepted
+        draft = target[:, :G].copy()
+    if probs:
+        draft = softmax(draft.astype(np.float64)).astype(np.float32)
+        target = softmax(target.astype(np.float64)).astype(np.float32)
+    if rng.random() < 0.6:
+        _spoil_rows(rng, target, probs)
+        _spoil_rows(rng, draft, probs)
+    if mode in reference.SIGMOID_MODES and rng.random() < 0.2:
+        target, draft = target - 1e4, draft - 1e4   # steep sigmoids underflow to 0: no mass in the race
+    dtype = np.float16 if rng.random() < 0.3 else np.float32
+    draft, target = draft.astype(dtype), target.astype(dtype)
+    if rng.random() < 0.2:
+        tokens[rng.integers(B), :] = rng.choice([-1, V])
+    lengths = np.full(B, G, np.int64)
+    if rng.random() < 0.5:
+        lengths = rng.integers(-1, G + 2, B)
+    temps = np.ones(B)
+    if rng.random() < 0.6:
+        temps = rng.choice([1.0, 0.0, 0.5, 2.0, 1e-3, 1e-30, np.nan, -1.0, np.inf], B)
+    sigmoid = dict(sigmoid_offset=0.0, sigmoid_scale=float(rng.choice([0.01, 1.0, 1000.0])))
+    if rng.random() < 0.3:
+        sigmoid = dict(sigmoid_offset=-10000.0, sigmoid_scale=20000.0)
+    return (tokens, draft, target, lengths, temps), dict(
+        mode="logits" if mode == "greedy" else mode, greedy_all=mode == "greedy",
+        seed=int(rng.integers(0, 2 ** 63)) * int(rng.choice([1, 2])), offset=int(rng.integers(0, 2 ** 32)),
+        race_purpose=int(rng.choice([PURPOSE_RESIDUAL, PURPOSE_SAMPLE])), **sigmoid)
+
+
+def test_reference_is_bit_for_bit_the_full_array_reference_on_random_and_edge_cases():
+    rng = np.random.default_rng(2024)
+    seen, race_without_mass = set(), False
+    for case in range(400):
+        args, kw = _random_case(rng)
+        copies = [a.copy() for a in args]
+        new = reference.reference_verify(*args, **kw)
+        old = _reference_verify_before(*args, **kw)
+        for a, c in zip(args, copies):
+            np.testing.assert_array_equal(a, c)          # inputs untouched
+        for name, n_out, o_out in zip(("accepted", "tokens", "emitted", "error"), new, old):
+            assert n_out.dtype == o_out.dtype, (case, name)
+            np.testing.assert_array_equal(n_out, o_out, err_msg=f"case {case}: {name} ({kw['mode']})")
+        seen.update(("error", int(e)) for e in new[3])
+        seen.update(("accepted", int(a)) for a in new[0])
+        checked = _request_errors_before(*args[:5], probs=kw["mode"] == "probs", greedy_all=kw["greedy_all"],
+                                         greedy_ok=kw["mode"] not in reference.SIGMOID_MODES)[0]
+        race_without_mass |= bool(((checked == 0) & (new[3] == errors.NO_MASS)).any())
+    # The cases reach every error code and both ends of acceptance.
+    for code in (errors.TEMPERATURE, errors.LENGTH, errors.TARGET_VALUES, errors.DRAFT_VALUES,
+                 errors.NO_MASS, errors.TOKEN_RANGE):
+        assert any(kind == "error" and e & code for kind, e in seen), code
+    assert {("accepted", 0), ("accepted", 5), ("error", 0)} <= seen and race_without_mass
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("B, V", [(1, 51865), (4, 32000)])
+def test_reference_matches_the_full_array_reference_at_vocabulary_size(B, V, dtype):
+    rng = np.random.default_rng(V + B)
+    for closeness in (0.2, 0.9, 1.0):
+        tokens, draft, target = random_problem(rng, B, 5, V, closeness=closeness)
+        args = (tokens, draft.astype(dtype), target.astype(dtype), np.full(B, 5), np.array([1.0, 0.7, 0.0, 1.3])[:B])
+        kw = dict(mode="logits", seed=7, offset=int(closeness * 10), race_purpose=PURPOSE_RESIDUAL,
+                  sigmoid_offset=0.0, sigmoid_scale=1.0)
+        for new, old in zip(reference.reference_verify(*args, **kw), _reference_verify_before(*args, **kw)):
+            np.testing.assert_array_equal(new, old)
+
+
+@pytest.mark.parametrize("mode", ["logits", "probs", *reference.SIGMOID_MODES])
+def test_row_weights_of_single_rows_are_those_of_the_whole_array(mode):
+    """What computing rows on demand relies on: row_weights() is a function of each row alone,
+    bit for bit, and (logits, probs) unchanged from the full-array version above."""
+    rng = np.random.default_rng(3)
+    x = (rng.normal(size=(3, 4, 999)) * 4).astype(np.float32)
+    if mode == "probs":
+        x = softmax(x.astype(np.float64)).astype(np.float32)
+    _spoil_rows(rng, x, mode == "probs")
+    temps = np.array([1.0, 0.3, 7.0])
+    kw = dict(mode=mode, sigmoid_offset=0.0, sigmoid_scale=2.0)
+    with np.errstate(all="ignore"):
+        whole = reference.row_weights(x, temps, **kw)
+        np.testing.assert_array_equal(whole.view(np.uint64), _row_weights_before(x, temps, **kw).view(np.uint64))
+        b, r = np.array([2, 0, 1, 2]), np.array([3, 1, 1, 0])
+        rows = reference.row_weights(x[b, r][:, None], temps[b], **kw)[:, 0]
+    np.testing.assert_array_equal(rows.view(np.uint64), whole[b, r].view(np.uint64))
+
+
+@pytest.mark.parametrize("probs", [False, True])
+def test_float16_checks_give_the_element_wise_codes_for_every_value(probs):
+    """request_errors() reads float16 row extremes from the bit patterns: every float16 value,
+    alone in a row and mixed with others, gives the codes of the element-wise rules."""
+    every = np.arange(2 ** 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    rng = np.random.default_rng(12)
+    alone = (every.reshape(-1, 1, 1), np.zeros((every.size, 0, 1), np.float16), np.zeros((every.size, 0), np.int64))
+    mixed_target = rng.choice(every, (4096, 3, 9))
+    mixed_target[::8] = rng.normal(size=(512, 3, 9)).astype(np.float16)    # rows with no special value
+    mixed = (mixed_target, rng.choice(every, (4096, 2, 9)), np.zeros((4096, 2), np.int64))
+    for target, draft, tokens in (alone, mixed):
+        B = len(target)
+        args = (tokens, draft, target, np.full(B, draft.shape[1]), np.ones(B))
+        with np.errstate(invalid="ignore"):
+            expected = _request_errors_before(*args, probs=probs, greedy_ok=True, greedy_all=False)[0]
+        np.testing.assert_array_equal(reference.request_errors(*args, probs=probs)[0], expected)
