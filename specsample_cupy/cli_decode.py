@@ -16,6 +16,7 @@ import click
 
 from specsample_cupy.decoder import METHODS
 from specsample_cupy.ngram import NGRAM
+from specsample_cupy.stop_strings import cut_text
 from specsample_cupy.verify import ONEHOT_METHODS, SAMPLING_ONLY
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
@@ -221,10 +222,13 @@ def finish_reasons(out, budgets: Budgets) -> list[str]:
 
 class TextStream:
     """Prints one request's text as its tokens arrive (after `prefix`, the prompt with --echo); holds
-    back an incomplete UTF-8 character. finish() prints whatever the stream has not."""
+    back an incomplete UTF-8 character, and with stop strings never prints one (nor the characters that
+    could begin one). finish() prints whatever the stream has not."""
 
-    def __init__(self, tokenizer, prefix: str = ""):
+    def __init__(self, tokenizer, prefix: str = "", stops=()):
         self.tokenizer, self.ids, self.printed, self.prefix = tokenizer, [], 0, prefix
+        self.stops = tuple(stops)
+        self.holdback = max((len(s) for s in self.stops), default=1) - 1
 
     def _write(self, text: str):
         if self.prefix:
@@ -237,8 +241,11 @@ class TextStream:
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):
             return
-        self._write(text[self.printed:])
-        self.printed = len(text)
+        cut, stopped = cut_text(text, self.stops)
+        upto = len(cut) if stopped else len(text) - self.holdback
+        if upto > self.printed:
+            self._write(text[self.printed:upto])
+            self.printed = upto
 
     def finish(self, final_text: str):
         self._write(final_text[self.printed:] + "\n")
@@ -249,8 +256,8 @@ class JsonlStream:
     "finish_reason"}, flushed), so a consumer can act on early finishers of a long batch; lines come in
     finish order and `index` says which prompt. finish() writes the requests not yet written."""
 
-    def __init__(self, tokenizer, prompts: list[Prompt], budgets: Budgets):
-        self.tokenizer, self.prompts, self.budgets = tokenizer, prompts, budgets
+    def __init__(self, tokenizer, prompts: list[Prompt], budgets: Budgets, stops=()):
+        self.tokenizer, self.prompts, self.budgets, self.stops = tokenizer, prompts, budgets, tuple(stops)
         self.ids = [[] for _ in prompts]
         self.written = [False] * len(prompts)
 
@@ -264,7 +271,10 @@ class JsonlStream:
         self.ids[b].extend(new_ids)
         reason = self.budgets.reason(b, self.ids[b])
         if reason is not None and not self.written[b]:
-            self._write(b, self.tokenizer.decode(self.ids[b], skip_special_tokens=True), self.ids[b], reason)
+            text = self.tokenizer.decode(self.ids[b], skip_special_tokens=True)
+            if cut_text(text, self.stops)[1]:
+                return   # a stop string ended it: finish() writes the cut text and ids
+            self._write(b, text, self.ids[b], reason)
 
     def finish(self, out, reasons: list[str]):
         for b, written in enumerate(self.written):
@@ -301,6 +311,9 @@ def warn_context_stops(prompts: list[Prompt], out, reasons: list[str], budgets: 
               help="Default: cuda when usable, else cpu.")
 @click.option("--adaptive-gamma", is_flag=True,
               help="Adapt gamma per round (+2 after a fully accepted round, -1 otherwise).")
+@click.option("--stop", "stop_strings", multiple=True,
+              help="Stop string; repeat for more. A request whose text contains one ends there (finish reason "
+                   "\"stop\"; the text is cut before it).")
 @click.option("--echo", is_flag=True, help="Text mode: print each prompt before its generated text.")
 @click.option("--stats/--no-stats", default=True, show_default=True,
               help="Text and --jsonl modes: print the statistics table on stderr (--json includes them).")
@@ -309,13 +322,13 @@ def warn_context_stops(prompts: list[Prompt], out, reasons: list[str], budgets: 
 @click.option("--jsonl", "as_jsonl", is_flag=True,
               help="Print one JSON line per request as it finishes: index, source, text, token_ids, finish_reason.")
 def decode(target, draft, ngram_min, ngram_max, prompt_texts, prompt_file, max_new_tokens, gamma, method,
-           temperature, seed, device, adaptive_gamma, echo, stats, as_json, as_jsonl):
+           temperature, seed, device, adaptive_gamma, stop_strings, echo, stats, as_json, as_jsonl):
     """Generate text by speculative decoding (the draft proposes, the target verifies).
 
     stdout holds the generated text (a batch: each text under a `--- [i] ---` line, with
     FILE:LINE for prompts from --prompt-file), or the JSON;
-    statistics and warnings go to stderr. A finish reason is "eos", "length" (--max-new-tokens) or
-    "context" (the models' context ended first, also warned about on stderr).
+    statistics and warnings go to stderr. A finish reason is "eos", "length" (--max-new-tokens),
+    "stop" (a --stop string) or "context" (the models' context ended first, also warned about on stderr).
     """
     if as_json and as_jsonl:
         raise click.UsageError("--json and --jsonl are exclusive")
@@ -332,13 +345,13 @@ def decode(target, draft, ngram_min, ngram_max, prompt_texts, prompt_file, max_n
     budgets = Budgets(decoder, encode_all(decoder, prompts), max_new_tokens)
     stream = None
     if as_jsonl:
-        stream = JsonlStream(decoder.tokenizer, prompts, budgets)
+        stream = JsonlStream(decoder.tokenizer, prompts, budgets, stop_strings)
     elif len(prompts) == 1 and not as_json:
-        stream = TextStream(decoder.tokenizer, prompts[0].text if echo else "")
+        stream = TextStream(decoder.tokenizer, prompts[0].text if echo else "", stop_strings)
     try:
         out = decoder.generate([p.text for p in prompts], max_new_tokens=max_new_tokens, gamma=gamma,
                                method=method, temperature=temperature, seed=seed, adaptive_gamma=adaptive_gamma,
-                               on_tokens=stream)
+                               on_tokens=stream, stop=stop_strings)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     reasons = finish_reasons(out, budgets)

@@ -25,6 +25,7 @@ from specsample_cupy.gamma_policy import REPROBE, make_policy
 from specsample_cupy.requests import Requests
 from specsample_cupy.sessions import DecoderSession, ModelSpec, array_module, check_pair, cuda_available
 from specsample_cupy.sessions_static import StaticDecoderSession
+from specsample_cupy.stop_strings import StopStrings, check_stop_strings
 from specsample_cupy.ngram import NGRAM, check_ngram_range
 from specsample_cupy.verify import METHODS as VERIFY_METHODS, ONEHOT_METHODS, SAMPLING_ONLY
 
@@ -196,7 +197,8 @@ class SpeculativeDecoder:
 
     def generate(self, prompts, max_new_tokens: int = 64, gamma: int | str = 5, method: str = "exact",
                  temperature: float = 1.0, seed: int = 0, adaptive_gamma: bool = False, gamma_min: int = 1,
-                 gamma_max: int = 12, ignore_eos: bool = False, on_tokens=None, on_round=None) -> GenerationOutput:
+                 gamma_max: int = 12, ignore_eos: bool = False, on_tokens=None, on_round=None,
+                 stop=()) -> GenerationOutput:
         """Continue each prompt by up to max_new_tokens tokens (fewer after an EOS or the context's end).
 
         Args:
@@ -218,6 +220,9 @@ class SpeculativeDecoder:
             on_tokens: optional callback(request_index, new_ids) called as tokens are taken.
             on_round: optional callback(round: decode_stats.Round, requests: Requests) after each round
                 the host reads; it may return request indices to finish now (finish_reason "stop").
+            stop: a string or strings; a request whose generated text contains one ends there
+                (finish_reason "stop"; its text is cut before the stop string, its token_ids end with
+                the token that completed it; specsample_cupy/stop_strings.py).
 
         Returns GenerationOutput(texts, token_ids, finish_reasons, stats); stats holds rounds, proposed,
         accepted, acceptance_rate (accepted / proposed drafts), mean_accepted_per_round (per request),
@@ -231,6 +236,7 @@ class SpeculativeDecoder:
         policy_mode = "auto" if gamma == "auto" else ("adaptive" if adaptive_gamma else "fixed")
         gamma = 4 if gamma == "auto" else gamma
         self._check(method, temperature, max_new_tokens, gamma)
+        stops = check_stop_strings(stop)
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompts:
             raise ValueError("no prompts given")
@@ -260,19 +266,25 @@ class SpeculativeDecoder:
                 rounds, why_not_device = self._rounds(req, caches, policy, method, temperature, seed, clock,
                                                       (memory or {}).get("state") if speculative else None)
                 assembler = TextAssembler(self.tokenizer, req.batch, incremental=why_not_device is None)
+                stopper = StopStrings(stops, self.tokenizer, req.batch) if stops else None
                 totals = Totals()
                 with timed_runs(sessions, clock) if self.time_model_runs else contextlib.nullcontext():
                     for rnd in rounds:
                         totals.add(rnd)
                         self._deliver(rnd, req, assembler, on_tokens)
-                        stop = on_round(rnd, req) if on_round is not None else None
-                        if stop is not None and len(stop):
-                            rounds.finish(stop)
+                        finish = list(on_round(rnd, req) or ()) if on_round is not None else []
+                        if stopper is not None:
+                            finish += stopper.after_round(rnd, req)
+                        if finish:
+                            rounds.finish(finish)
                 if self.stream is not None:
                     self.stream.synchronize()   # a discarded round may still run
             if memory is not None and speculative:
                 memory.update(state=policy.state(), target_only=policy.prefers_target_only())
             texts = [assembler.text(b) for b in range(req.batch)]
+            token_ids = [req.generated(b) for b in range(req.batch)]
+            if stopper is not None:
+                stopper.cut(texts, token_ids)
             wall_s = time.perf_counter() - wall_start   # the stats' own readout below is not decoding time
             stats = decode_stats.stats(
                 method=method, speculative=speculative, device=self.device, req=req, totals=totals, clock=clock,
@@ -282,8 +294,7 @@ class SpeculativeDecoder:
                        "discarded_rounds": rounds.discarded, "gamma_mode": policy_mode,
                        "read_wait_per_round_s": rounds.read_wait_s / max(totals.rounds, 1),
                        "kv_compactions": sum(c.compactions for c in caches), "cuda_graphs": dict(self.cuda_graphs)})
-            return GenerationOutput(texts, [req.generated(b) for b in range(req.batch)],
-                                    [req.finish_reason(b) for b in range(req.batch)], stats)
+            return GenerationOutput(texts, token_ids, [req.finish_reason(b) for b in range(req.batch)], stats)
         finally:
             self._busy.release()
 

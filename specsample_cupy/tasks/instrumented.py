@@ -6,8 +6,7 @@ calls on_round after each round the host reads. ``StepRecorder`` adds:
 
 * stats["draft_lengths"], stats["accepted_per_round"]: per speculative round, summed over the batch
   (the evaluations decode one item per call, so these are that item's numbers);
-* stop strings: after a round, a request whose generated text contains one is finished (the text is
-  cut at the stop string afterwards);
+* stop_strings: passed to generate()'s stop (specsample_cupy/stop_strings.py);
 * prompts given as token-id lists (Whisper's forced decoder prefix).
 """
 from __future__ import annotations
@@ -19,24 +18,18 @@ class StepRecorder:
     """Mixin for SpeculativeDecoder: ``generate`` adds per-round lists to ``stats``."""
 
     def generate(self, prompts, *args, stop_strings=(), **kwargs):
-        stops = tuple(s for s in stop_strings if s)
         draft_log, accept_log = [], []
 
         def on_round(rnd, req):
             if rnd.gamma:
                 draft_log.append(int(rnd.draft_len[rnd.active].sum()))
                 accept_log.append(int(np.where(rnd.active, rnd.accepted, 0).sum()))
-            if stops:
-                return [b for b in np.flatnonzero(~req.finished).tolist()
-                        if any(s in self.tokenizer.decode(req.generated(b), skip_special_tokens=True) for s in stops)]
             return None
 
-        out = super().generate(prompts, *args, on_round=on_round, **kwargs)
+        out = super().generate(prompts, *args, on_round=on_round, stop=tuple(s for s in stop_strings if s), **kwargs)
         out.stats["verify_times_s"] = out.stats.get("verify_times_s") or []
         out.stats["draft_lengths"] = draft_log
         out.stats["accepted_per_round"] = accept_log
-        if stops:
-            out.texts = [_cut_at_stop(t, stops) for t in out.texts]
         return out
 
     def encode_prompts(self, prompts):
@@ -51,7 +44,3 @@ class StepRecorder:
             return ids
         return super().encode_prompts(prompts)
 
-
-def _cut_at_stop(text: str, stops) -> str:
-    cut = min((text.find(s) for s in stops if s in text), default=-1)
-    return text if cut < 0 else text[:cut]
