@@ -4,7 +4,8 @@ Each request's line is appended (and flushed) as the request finishes and the fi
 every batch, so an interrupted run loses at most the requests still being decoded; running the same
 command again skips the ids the output already holds and cuts away a torn last line. Bad input lines
 (malformed, duplicate or missing ids, prompts too long for the context) are reported on stderr and
-skipped. The grouping of requests into generate() calls is generate_run's batching rule.
+skipped. The grouping of requests into generate() calls is generate_run's batching rule. With --ray,
+cli_generate_ray hands the same batches to a pool of Ray workers and this process writes their lines.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import click
 from specsample_cupy.cli_decode import CONTEXT_SETTINGS, Prompt, decode, encode_all, load_decoder, resolve_device
 from specsample_cupy.generate_input import FORMATS, Settings, read_requests
 from specsample_cupy.generate_output import OutputBusy, ResultWriter
+from specsample_cupy.generate_ray_worker import WorkerSetup
 from specsample_cupy.generate_run import DecodeOptions, Runner, batches
 from specsample_cupy.verify import SAMPLING_ONLY
 
@@ -63,7 +65,7 @@ def _check_paths(input_path: str, output_path: str):
         raise click.UsageError("--output must not be the --input file")
 
 
-def _open_output(path: str) -> ResultWriter:
+def open_output(path: str) -> ResultWriter:
     try:
         writer = ResultWriter(path)
     except OutputBusy as exc:
@@ -79,27 +81,45 @@ def _open_output(path: str) -> ResultWriter:
     return writer
 
 
-def _fitting(decoder, requests, name: str) -> list:
-    """The requests whose prompts the models can take; the others are reported, by line."""
-    kept = []
+def fitting(decoder, requests, name: str) -> tuple[list, list]:
+    """The requests whose prompts the models can take, and (request, why) for each of the others."""
+    kept, refused = [], []
     for request in requests:
         try:
             encode_all(decoder, [Prompt(request.prompt, f"{name}:{request.line}")])
         except click.ClickException as exc:   # "FILE:LINE: the prompt has N tokens; ..."
-            click.echo(f"{exc.message}; skipped", err=True)
+            refused.append((request, exc.message))
             continue
         kept.append(request)
-    return kept
+    return kept, refused
+
+
+def pending_of(requests, writer) -> tuple[list, int]:
+    """The requests the output does not hold yet, and how many it does."""
+    pending = [r for r in requests if r.key not in writer.recovered.done]
+    return pending, len(requests) - len(pending)
+
+
+def summary_counts(tally, read_as: str, already_done: int, rejected: int, decoding_s: float) -> list[str]:
+    """The summary's lines on requests and tokens; tally: a Runner, or anything with its counts."""
+    acceptance = f"{tally.accepted / tally.proposed:.3f}" if tally.proposed else "-"
+    return [
+        f"requests ({read_as} input): {tally.written} written, {already_done} skipped as already done, "
+        f"{rejected} line(s) rejected, {tally.failed} failed",
+        f"tokens: {tally.tokens} ({tally.tokens / max(decoding_s, 1e-9):.1f} tokens/s), acceptance {acceptance}",
+    ]
+
+
+def check_generated(written: int, todo: int, already_done: int):
+    """The exit status is an error only when nothing could be decoded."""
+    if written == 0 and (todo or not already_done):
+        raise click.ClickException("nothing was generated")
 
 
 def _summary(runner, read_as: str, already_done: int, rejected: int, wall_s: float, load_s: float) -> str:
-    acceptance = f"{runner.accepted / runner.proposed:.3f}" if runner.proposed else "-"
     after_load = max(wall_s - load_s, 1e-9)
     outside = max(after_load - runner.decoding_s, 0.0) / after_load
-    return "\n".join([
-        f"requests ({read_as} input): {runner.written} written, {already_done} skipped as already done, "
-        f"{rejected} line(s) rejected, {runner.failed} failed",
-        f"tokens: {runner.tokens} ({runner.tokens / after_load:.1f} tokens/s), acceptance {acceptance}",
+    return "\n".join(summary_counts(runner, read_as, already_done, rejected, after_load) + [
         f"wall: {wall_s:.2f} s, loading the models {load_s:.2f} s; outside generate() calls (reading, checking, "
         f"writing, bookkeeping): {outside:.1%} of the rest",
     ])
@@ -119,8 +139,19 @@ def _summary(runner, read_as: str, already_done: int, rejected: int, wall_s: flo
 @click.option("--gamma", default="5", show_default=True, type=GammaType(),
               help="Draft tokens per round, 0 for the target alone, or 'auto'.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
+@click.option("--ray", "on_ray", is_flag=True,
+              help="Decode on a pool of Ray workers (actors) instead of in this process: pip install -e '.[ray]'.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="With --ray: workers, each with its own copy of the models.  [default: 1]")
+@click.option("--gpus-per-worker", type=click.FloatRange(min=0), default=None,
+              help="With --ray: GPUs each worker takes (a fraction shares a GPU); 0 makes CPU workers of one CPU "
+                   "each.  [default: 0 with --device cpu, else 1]")
+@click.option("--ray-address", default=None,
+              help="With --ray: join this Ray cluster ('auto': the one `ray start` runs on this machine) instead "
+                   "of starting a local Ray sized for the workers.")
 def generate(input_path, output_path, target, draft, ngram_min, ngram_max, device, method, max_new_tokens,
-             temperature, seed, adaptive_gamma, input_format, batch_size, gamma, progress):
+             temperature, seed, adaptive_gamma, input_format, batch_size, gamma, progress, on_ray, workers,
+             gpus_per_worker, ray_address):
     """Decode a dataset of requests into a JSONL file, resumably.
 
     Each line of --output is one request: id, line, text, token_ids, finish_reason, new_tokens, its
@@ -128,13 +159,16 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
     (a JSONL line's "max_new_tokens", "temperature" and "seed" override the options of those names).
     Re-running with the same --output decodes only the ids it does not hold yet. Bad input lines are
     reported on stderr (FILE:LINE: why) and skipped; the exit status is 1 only when nothing could be
-    decoded.
+    decoded. With --ray, Ray workers decode the same batches and this process writes their lines.
     """
+    from specsample_cupy.cli_generate_ray import generate_on_ray, ray_pool   # it imports this module
+
     started = time.perf_counter()
     if method in SAMPLING_ONLY and temperature == 0:
         raise click.BadParameter(f"method {method!r} samples: use --temperature > 0, or --method greedy",
                                  param_hint="--temperature")
     _check_paths(input_path, output_path)
+    pool = ray_pool(on_ray, workers, gpus_per_worker, ray_address, device)   # None without --ray
     name = "stdin" if input_path == "-" else input_path
     requests, rejections, read_as = read_requests(_read_input(input_path), name, input_format,
                                                   Settings(max_new_tokens, float(temperature), seed), method)
@@ -142,15 +176,21 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
         click.echo(f"{name}:{r.line}: {r.reason}; skipped", err=True)
     if not requests:
         raise click.ClickException(f"{name}: no usable request ({len(rejections)} line(s) rejected)")
+    if pool is not None:
+        setup = WorkerSetup(name, target, draft, pool.device, ngram_min, ngram_max,
+                            DecodeOptions(method, gamma, adaptive_gamma))
+        generate_on_ray(requests, len(rejections), read_as, output_path, setup, pool, batch_size, progress)
+        return
 
     loading = time.perf_counter()
     decoder = load_decoder(target, draft, resolve_device(device), ngram_min=ngram_min, ngram_max=ngram_max)
     load_s = time.perf_counter() - loading
-    writer = _open_output(output_path)
+    writer = open_output(output_path)
     try:
-        pending = [r for r in requests if r.key not in writer.recovered.done]
-        already_done = len(requests) - len(pending)
-        todo = _fitting(decoder, pending, name)
+        pending, already_done = pending_of(requests, writer)
+        todo, refused = fitting(decoder, pending, name)
+        for _, why in refused:
+            click.echo(f"{why}; skipped", err=True)
         rejected = len(rejections) + len(pending) - len(todo)
         runner = Runner(decoder, writer, DecodeOptions(method, gamma, adaptive_gamma), len(todo), progress)
         try:
@@ -161,5 +201,4 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
     finally:
         writer.close()
     click.echo(_summary(runner, read_as, already_done, rejected, time.perf_counter() - started, load_s), err=True)
-    if runner.written == 0 and (todo or not already_done):
-        raise click.ClickException("nothing was generated")
+    check_generated(runner.written, len(todo), already_done)

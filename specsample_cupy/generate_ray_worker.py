@@ -1,0 +1,130 @@
+"""The Ray side of `specsample generate --ray`: a pending batch as one dataset row, and the actor that
+decodes such rows.
+
+A row is one whole batch of generate_run's batching rule (equal settings, at most --batch-size
+requests), so every generate() call a worker makes is one the single-process runner would make. A
+worker answers a row with one outcome row per request: the request's output line as JSON, or the
+message the command reports for it (a prompt too long for the context, a batch the decoder refused).
+Only plain pyarrow types cross the process boundary; ids travel as their JSON keys, so string and
+integer ids can share a column.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from specsample_cupy.cli_decode import load_decoder
+from specsample_cupy.generate_input import Request, Settings
+from specsample_cupy.generate_run import DecodeOptions, Runner
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+WRITTEN, REJECTED, FAILED = "written", "rejected", "failed"
+
+
+def batch_row(batch: list[Request]) -> dict:
+    """One pending batch (equal settings) as a dataset row. The settings go as JSON: a seed may be any
+    integer the input holds, wider than an Arrow int64."""
+    return {"keys": [r.key for r in batch], "lines": [r.line for r in batch], "prompts": [r.prompt for r in batch],
+            "settings": json.dumps(batch[0].settings)}
+
+
+def requests_of(row: dict) -> list[Request]:
+    """The batch a row holds, as the requests read from the input."""
+    settings = Settings(*json.loads(row["settings"]))
+    return [Request(json.loads(key), key, line, prompt, settings)
+            for key, line, prompt in zip(row["keys"], row["lines"], row["prompts"])]
+
+
+@dataclass
+class WorkerSetup:
+    """What every worker loads and applies: the pair, where it runs, and the run's decode options."""
+    name: str                # the input's name, for FILE:LINE in messages
+    target: str | None
+    draft: str | None
+    device: str
+    ngram_min: int
+    ngram_max: int
+    options: DecodeOptions
+
+
+class _Lines:
+    """A ResultWriter stand-in that keeps the runner's lines for the outcome rows: the driver writes them."""
+
+    def __init__(self):
+        self.lines = []
+
+    def write(self, obj: dict):
+        self.lines.append(obj)
+
+    def sync(self):
+        pass
+
+
+class _RefusalKept:
+    """The decoder, keeping the ValueError with which generate() refused a batch: the runner catches it,
+    and the driver has to report it."""
+
+    def __init__(self, decoder):
+        self.decoder, self.refusal = decoder, None
+
+    def __getattr__(self, name):
+        return getattr(self.decoder, name)
+
+    def generate(self, *args, **kwargs):
+        try:
+            return self.decoder.generate(*args, **kwargs)
+        except ValueError as exc:
+            self.refusal = exc
+            raise
+
+
+class DecodeWorker:
+    """A Ray Data callable class: each actor of the pool loads the pair once, here, and then decodes the
+    rows (batches) it is handed, one generate() call each."""
+
+    def __init__(self, setup: WorkerSetup):
+        self.name = setup.name
+        self.decoder = _RefusalKept(load_decoder(setup.target, setup.draft, setup.device,
+                                                 ngram_min=setup.ngram_min, ngram_max=setup.ngram_max))
+        self.lines = _Lines()
+        self.runner = Runner(self.decoder, self.lines, setup.options, 0, progress=False)
+
+    def __call__(self, rows: pa.Table) -> pa.Table:
+        import pyarrow as pa   # Ray Data's own dependency, there wherever this runs
+
+        outcomes = []
+        for row in rows.to_pylist():
+            outcomes += self.decode(requests_of(row))
+        schema = pa.schema([(column, pa.string()) for column in ("key", "outcome", "result", "report")])
+        return pa.Table.from_pylist(outcomes, schema=schema)
+
+    def decode(self, batch: list[Request]) -> list[dict]:
+        """Outcome rows for one batch, one per request."""
+        from specsample_cupy.cli_generate import fitting   # that module imports this one
+
+        kept, refusals = fitting(self.decoder, batch, self.name)
+        outcomes = [_outcome(r, REJECTED, report=f"{why}; skipped") for r, why in refusals]
+        if not kept:
+            return outcomes
+        self.lines.lines, self.decoder.refusal = [], None
+        # The runner reports a refused batch on stderr itself; here the driver does, so that the
+        # message reaches the user once and in the single-process form.
+        with contextlib.redirect_stderr(io.StringIO()):
+            self.runner.run(kept, str)
+        written = {json.dumps(line["id"], ensure_ascii=False): line for line in self.lines.lines}
+        for r in kept:
+            if r.key in written:
+                outcomes.append(_outcome(r, WRITTEN, result=json.dumps(written[r.key], ensure_ascii=False)))
+            else:
+                outcomes.append(_outcome(r, FAILED, report=f"{self.name}:{r.line}: not generated: "
+                                                           f"{self.decoder.refusal}"))
+        return outcomes
+
+
+def _outcome(request: Request, outcome: str, result: str = "", report: str = "") -> dict:
+    return {"key": request.key, "outcome": outcome, "result": result, "report": report}

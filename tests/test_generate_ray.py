@@ -1,0 +1,165 @@
+"""`specsample generate --ray` on a local two-CPU Ray with the tiny pair: the same greedy lines as the
+single-process run, every id once, resume across the two paths, and a worker that dies mid-run."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("onnxruntime")
+ray = pytest.importorskip("ray")
+pa = pytest.importorskip("pyarrow")
+
+from helpers_cli import split_runner  # noqa: E402
+from specsample_cupy import generate_ray  # noqa: E402
+from specsample_cupy.cli_generate import generate  # noqa: E402
+from specsample_cupy.generate_input import Request, Settings  # noqa: E402
+from specsample_cupy.generate_output import ResultWriter  # noqa: E402
+from specsample_cupy.generate_ray_worker import DecodeWorker, WorkerSetup, batch_row  # noqa: E402
+from specsample_cupy.generate_run import DecodeOptions, batches  # noqa: E402
+
+PROMPTS = ["the sea", "hello there", "a", "def f(x):", "rain", "so it goes"]
+GREEDY = ["--method", "greedy", "--temperature", "0", "--max-new-tokens", "8", "--batch-size", "4"]
+ON_RAY = ["--ray", "--workers", "2", "--gpus-per-worker", "0"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """One local Ray for the module: each run reuses it (and leaves it up) instead of starting its own."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    yield
+    ray.shutdown()
+
+
+def _run(pair, input_path, output_path, *args):
+    return split_runner().invoke(generate, ["--target", pair[0], "--draft", pair[1], "--device", "cpu", "--input",
+                                            str(input_path), "--output", str(output_path), "--no-progress", *args])
+
+
+def _write_jsonl(path, objects):
+    path.write_text("".join(json.dumps(o) + "\n" for o in objects))
+
+
+def _requests(n):
+    return [{"id": f"g{i}", "prompt": PROMPTS[i % 6] + " " * (i // 6)} for i in range(n)]
+
+
+def _by_id(path) -> dict:
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    ids = [line["id"] for line in lines]
+    assert len(ids) == len(set(ids)), "an id was written twice"
+    return {line["id"]: line for line in lines}
+
+
+def _reports(stderr: str) -> list[str]:
+    return sorted(line for line in stderr.splitlines() if line.endswith("; skipped"))
+
+
+def test_greedy_lines_equal_the_single_process_run(pair, tmp_path):
+    objects = _requests(10)
+    objects.insert(3, {"id": 7, "prompt": "rain", "max_new_tokens": 5})        # a batch of its own
+    objects.insert(5, {"id": "long", "prompt": "x" * 300, "max_new_tokens": 3})  # too long for the context
+    source = tmp_path / "in.jsonl"
+    _write_jsonl(source, objects)
+    with source.open("a") as f:
+        f.write("{oops\n")
+    alone = _run(pair, source, tmp_path / "alone.jsonl", *GREEDY)
+    pooled = _run(pair, source, tmp_path / "pooled.jsonl", *GREEDY, *ON_RAY)
+    assert alone.exit_code == 0, alone.stderr
+    assert pooled.exit_code == 0, pooled.stderr
+    expected, got = _by_id(tmp_path / "alone.jsonl"), _by_id(tmp_path / "pooled.jsonl")
+    assert sorted(got, key=str) == sorted(expected, key=str) and len(got) == 11
+    for key, line in expected.items():
+        same = ("text", "token_ids", "finish_reason", "batch_size", "rounds", "proposed", "accepted", "line")
+        assert {f: got[key][f] for f in same} == {f: line[f] for f in same}, key
+    assert _reports(pooled.stderr) == _reports(alone.stderr) and len(_reports(alone.stderr)) == 2
+    assert "11 written, 0 skipped as already done, 2 line(s) rejected, 0 failed" in pooled.stderr
+    assert "on 2 Ray worker(s)" in pooled.stderr
+
+
+def test_resume_works_across_the_two_paths(pair, tmp_path):
+    objects, source, out = _requests(14), tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write_jsonl(source, objects[:5])
+    assert _run(pair, source, out, *GREEDY).exit_code == 0
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:4]) + lines[4][:20])   # a torn last line, as a kill leaves it
+    _write_jsonl(source, objects[:11])
+    pooled = _run(pair, source, out, *GREEDY, *ON_RAY)
+    assert pooled.exit_code == 0, pooled.stderr
+    assert "cut away a torn last line (20 bytes)" in pooled.stderr
+    assert "7 written, 4 skipped as already done" in pooled.stderr
+    _write_jsonl(source, objects)
+    alone = _run(pair, source, out, *GREEDY)
+    assert alone.exit_code == 0 and "3 written, 11 skipped as already done" in alone.stderr
+    again = _run(pair, source, out, *GREEDY, *ON_RAY)
+    assert again.exit_code == 0 and "0 written, 14 skipped as already done" in again.stderr
+    assert sorted(_by_id(out)) == sorted(o["id"] for o in objects)
+
+
+def _crashing_once(marker: str):
+    """A worker whose process dies in its first batch of the run (the marker file says it did)."""
+    class CrashingOnce(DecodeWorker):
+        def __call__(self, rows):
+            if not os.path.exists(marker):
+                Path(marker).touch()
+                os._exit(1)
+            return super().__call__(rows)
+    return CrashingOnce
+
+
+def test_a_worker_that_dies_mid_run_is_replaced_and_every_id_written_once(pair, tmp_path):
+    settings = Settings(8, 0.0, 0)
+    requests = [Request(o["id"], json.dumps(o["id"]), n, o["prompt"], settings)
+                for n, o in enumerate(_requests(12), 1)]
+    setup = WorkerSetup("in", pair[0], pair[1], "cpu", 1, 4, DecodeOptions("greedy", 5, False))
+    marker = tmp_path / "crashed"
+    blocks = generate_ray.decoded(list(batches(requests, 2)), setup, 2, 0, worker=_crashing_once(str(marker)),
+                                  restarts=2)
+    writer, tally = ResultWriter(str(tmp_path / "out.jsonl")), generate_ray.Tally()
+    try:
+        generate_ray.write_outcomes(blocks, writer, tally, len(requests), progress=False)
+    finally:
+        writer.close()
+    assert marker.exists(), "no worker died"
+    assert sorted(_by_id(tmp_path / "out.jsonl")) == sorted(r.id for r in requests)
+    assert (tally.written, tally.failed, tally.rejected) == (12, 0, 0)
+
+
+def test_an_answer_that_comes_twice_is_written_once(tmp_path):
+    def block(*keys):
+        return pa.Table.from_pylist([{"key": k, "outcome": "written", "report": "",
+                                      "result": json.dumps({"id": json.loads(k), "new_tokens": 2, "proposed": 3,
+                                                            "accepted": 1})} for k in keys])
+    writer, tally = ResultWriter(str(tmp_path / "out.jsonl")), generate_ray.Tally()
+    try:   # the batch of ids 1 and 2 ran twice: its worker died after answering, before Ray saw it finish
+        generate_ray.write_outcomes([block("1", "2"), block('"x"'), block("1", "2")], writer, tally, 3, False)
+    finally:
+        writer.close()
+    assert sorted(_by_id(tmp_path / "out.jsonl"), key=str) == [1, 2, "x"]
+    assert (tally.written, tally.tokens, tally.proposed, tally.accepted) == (3, 6, 9, 3)
+
+
+def test_the_worker_reports_refused_batches_and_long_prompts_per_request(pair, monkeypatch):
+    from specsample_cupy.decoder import SpeculativeDecoder
+
+    worker = DecodeWorker(WorkerSetup("in.jsonl", pair[0], pair[1], "cpu", 1, 4, DecodeOptions("exact", 5, False)))
+    wide = Settings(4, 1.0, 2 ** 70)   # a seed wider than int64 still crosses as a row
+    batch = [Request(1, "1", 1, "the sea", wide), Request("b", '"b"', 2, "x" * 300, wide)]
+    rows = pa.Table.from_pylist([batch_row(batch)])
+
+    def refuse(self, *args, **kwargs):
+        raise ValueError("a model of the pair cannot decode this batch")
+    monkeypatch.setattr(SpeculativeDecoder, "generate", refuse)
+    outcomes = worker(rows).to_pylist()
+    assert [(o["key"], o["outcome"], o["result"]) for o in outcomes] == [('"b"', "rejected", ""), ("1", "failed", "")]
+    assert outcomes[0]["report"].startswith("in.jsonl:2: the prompt has 300 tokens") and \
+        outcomes[0]["report"].endswith("; skipped")
+    assert outcomes[1]["report"] == "in.jsonl:1: not generated: a model of the pair cannot decode this batch"
+
+
+def test_ray_options_need_ray_and_matching_devices(pair, tmp_path):
+    (tmp_path / "p.txt").write_text("the sea\n")
+    alone = _run(pair, tmp_path / "p.txt", tmp_path / "out.jsonl", "--workers", "2")
+    assert alone.exit_code == 2 and "--workers only work with --ray" in alone.stderr
+    cpu = _run(pair, tmp_path / "p.txt", tmp_path / "out.jsonl", "--ray", "--gpus-per-worker", "1")
+    assert cpu.exit_code == 2 and "CPU workers take no GPU" in cpu.stderr
