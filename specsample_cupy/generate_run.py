@@ -34,6 +34,7 @@ class DecodeOptions:
     method: str
     gamma: int | str
     adaptive_gamma: bool
+    stop: tuple = ()   # stop strings (generate(stop=...))
 
 
 class RoundTally:
@@ -101,7 +102,8 @@ class Runner:
         def on_round(rnd, req):
             entered = time.perf_counter()
             tally.add(rnd)
-            for b in np.flatnonzero(req.finished & ~written).tolist():
+            # A request a stop string ended is written from generate()'s output, which cuts it.
+            for b in np.flatnonzero(req.finished & ~req.stopped & ~written).tolist():
                 ids = req.generated(b)
                 self._write(batch[b], ids, tokenizer.decode(ids, skip_special_tokens=True), req.finish_reason(b),
                             tally, b, entered - started, len(batch))
@@ -113,7 +115,8 @@ class Runner:
             out = self.decoder.generate([r.prompt for r in batch], max_new_tokens=s.max_new_tokens,
                                         gamma=self.options.gamma, method=self.options.method,
                                         temperature=s.temperature, seed=s.seed,
-                                        adaptive_gamma=self.options.adaptive_gamma, on_round=on_round)
+                                        adaptive_gamma=self.options.adaptive_gamma, on_round=on_round,
+                                        stop=self.options.stop)
         except ValueError as exc:   # the decoder refused the batch: report what it did not write (a re-run retries it)
             for b in np.flatnonzero(~written).tolist():
                 self.bar.write(f"{source(batch[b])}: not generated: {exc}", file=sys.stderr)
@@ -124,7 +127,8 @@ class Runner:
         finally:
             self.generate_s += time.perf_counter() - started
         ended = time.perf_counter()
-        # Requests that no round reported finished (max_new_tokens 0) are written from the output.
+        # Requests that no round reported finished (max_new_tokens 0) or that a stop string ended are
+        # written from the output.
         for b in np.flatnonzero(~written).tolist():
             self._write(batch[b], out.token_ids[b], out.texts[b], out.finish_reasons[b], tally, b,
                         ended - started, len(batch))

@@ -250,3 +250,32 @@ def test_output_file_is_locked_and_bad_complete_lines_are_not_done(tmp_path):
     finally:
         writer.close()
     assert path.read_bytes() == b'{"id": 1}\nnot json\n{"id": "b"}\n{"id": 2}\n'
+
+
+def test_stop_strings_cut_lines_as_decode_does(pair, tmp_path):
+    """--stop: a request a stop string ends is written with the cut text and ids ("stop"), as
+    `specsample decode --stop` prints it; the others are unaffected."""
+    prompts = PROMPTS[:4]
+    (tmp_path / "p.txt").write_text("\n".join(prompts) + "\n")
+    greedy = ["--method", "greedy", "--temperature", "0", "--max-new-tokens", "24"]
+    plain = split_runner().invoke(decode, _models(pair) + greedy + ["--prompt-file", str(tmp_path / "p.txt"),
+                                                                    "--jsonl", "--no-stats"])
+    texts = [json.loads(line)["text"] for line in plain.stdout.splitlines()]
+    stop = next((t[4:7] for t in texts if len(t) > 8), None)
+    if stop is None:
+        pytest.skip("no text long enough")
+    args = greedy + ["--stop", stop]
+    result = split_runner().invoke(generate, _models(pair) + args + [
+        "--input", str(tmp_path / "p.txt"), "--output", str(tmp_path / "out.jsonl"), "--batch-size", "4"])
+    assert result.exit_code == 0, result.stderr
+    decoded = split_runner().invoke(decode, _models(pair) + args + ["--prompt-file", str(tmp_path / "p.txt"),
+                                                                    "--jsonl", "--no-stats"])
+    lines = _by_id(_lines(tmp_path / "out.jsonl"))
+    reasons = []
+    for expected in map(json.loads, decoded.stdout.splitlines()):
+        line = lines[expected["index"] + 1]
+        assert (line["text"], line["token_ids"], line["finish_reason"]) == \
+            (expected["text"], expected["token_ids"], expected["finish_reason"])
+        assert stop not in line["text"] and line["new_tokens"] == len(line["token_ids"])
+        reasons.append(line["finish_reason"])
+    assert "stop" in reasons
