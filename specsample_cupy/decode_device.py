@@ -153,6 +153,7 @@ class _RoundBuffers:
         step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel = _functions(tag, vec)
         self.target_steps = {}   # S -> the target's _Step
         self.step_launches = []
+        self.ngram_feed_launch = None   # prompt-lookup rounds only
         if G == 0:
             self._build_target_only(target, target_kernel)
         elif draft is None:
@@ -287,7 +288,7 @@ class _RoundBuffers:
             return
         for launch in self.step_launches:
             launch.set(temperature=temperature, seed=seed & (2 ** 64 - 1), pos_limit=pos_limit)
-        if self.step_launches == [] and hasattr(self, "ngram_feed_launch"):
+        if self.ngram_feed_launch is not None:
             self.ngram_feed_launch.set(pos_limit=pos_limit)
         done = self.done_launch
         done.commit.words = 0

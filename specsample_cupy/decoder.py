@@ -22,11 +22,11 @@ from specsample_cupy.decode_host import HostRounds
 from specsample_cupy.decode_stats import Clock, Totals, timed_runs
 from specsample_cupy.detokenize import TextAssembler
 from specsample_cupy.gamma_policy import REPROBE, make_policy
+from specsample_cupy.ngram import NGRAM, check_ngram_range
 from specsample_cupy.requests import Requests
 from specsample_cupy.sessions import DecoderSession, ModelSpec, array_module, check_pair, cuda_available
 from specsample_cupy.sessions_static import StaticDecoderSession
 from specsample_cupy.stop_strings import StopStrings, check_stop_strings
-from specsample_cupy.ngram import NGRAM, check_ngram_range
 from specsample_cupy.verify import METHODS as VERIFY_METHODS, ONEHOT_METHODS, SAMPLING_ONLY
 
 METHODS = VERIFY_METHODS + ("target",)
@@ -274,7 +274,7 @@ class SpeculativeDecoder:
                         self._deliver(rnd, req, assembler, on_tokens)
                         finish = list(on_round(rnd, req) or ()) if on_round is not None else []
                         if stopper is not None:
-                            finish += stopper.after_round(rnd, req)
+                            finish += stopper.after_round(rnd, assembler.current)
                         if finish:
                             rounds.finish(finish)
                 if self.stream is not None:

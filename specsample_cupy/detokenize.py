@@ -44,6 +44,13 @@ class TextAssembler:
                 self._done[b] += piece
                 pending.clear()
 
+    def current(self, b: int) -> str:
+        """Request b's text so far (decoding only the ids not yet decoded in a piece)."""
+        if self._final[b] is not None:
+            return self._final[b]
+        pending = self._pending[b]
+        return self._done[b] + (self._decode(pending) if pending else "")
+
     def text(self, b: int) -> str:
         """Request b's text (call once it has all its ids; later calls return the same text)."""
         if self._final[b] is None:

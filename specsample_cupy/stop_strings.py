@@ -48,12 +48,13 @@ class StopStrings:
     def _text(self, ids) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def after_round(self, rnd, req) -> list[int]:
+    def after_round(self, rnd, text_of) -> list[int]:
         """Requests to finish now: those that took tokens this round and whose text now holds a stop
-        string."""
+        string. text_of(b): request b's text so far (the decoder's TextAssembler, which decodes each
+        id once)."""
         rows = []
         for b in np.flatnonzero((rnd.taken > 0) & ~self.matched).tolist():
-            text = self._text(req.generated(b))
+            text = text_of(b)
             start = max(0, self.searched[b] - self.reach)
             if any(s in text[start:] for s in self.stops):
                 self.matched[b] = True
