@@ -1,9 +1,10 @@
 """The device loop on the tiny test pair (speculative rounds at fixed and automatic gamma, target-only
-steps), for compute-sanitizer restricted to decode_round.cu's kernels and the row sampler (ONNX
-Runtime's own kernels run unchecked):
+steps, prompt-lookup drafts), for compute-sanitizer restricted to decode_round.cu's and ngram.cu's
+kernels (ONNX Runtime's own kernels run unchecked):
 
     compute-sanitizer --tool memcheck --kernel-name kns=draft_step_done --kernel-name kns=round_done \\
         --kernel-name kns=compact_plan --kernel-name kns=target_step_done \\
+        --kernel-name kns=ngram_propose --kernel-name kns=ngram_target_feed \\
         python3 benchmarks/sanitize_decode_round.py
 Exits non-zero if a request's tokens break the budget/EOS rules or leave the vocabulary.
 """
@@ -14,10 +15,13 @@ from models.build_tiny import build_tiny_pair
 from specsample_cupy.decoder import SpeculativeDecoder
 
 pair = build_tiny_pair(tempfile.mkdtemp(), vocab_size=48, seed=3)
-dec = SpeculativeDecoder(*pair, device="cuda")
-prompts = ["the rain in spain", "a", "hello there, a longer prompt"]
+model_draft = SpeculativeDecoder(*pair, device="cuda")
+lookup = SpeculativeDecoder(pair[0], draft="ngram", device="cuda")
+prompts = ["the rain in spain", "a", "hello there, a longer prompt the rain in spain"]
 bad = 0
-for eos, max_new, gamma in (((0,), 70, 4), ((0, 5, 7), 40, 2), ((0, 5, 7), 40, 0), ((0,), 40, "auto")):
+for dec, eos, max_new, gamma in ((model_draft, (0,), 70, 4), (model_draft, (0, 5, 7), 40, 2),
+                                 (model_draft, (0, 5, 7), 40, 0), (model_draft, (0,), 40, "auto"),
+                                 (lookup, (0,), 70, 4), (lookup, (0, 5, 7), 40, "auto")):
     dec.target_spec.eos_token_ids = eos
     out = dec.generate(prompts, max_new_tokens=max_new, gamma=gamma, method="exact" if gamma else "target",
                        temperature=1.0, seed=5)

@@ -61,8 +61,22 @@ def copy_bandwidth(cp, nbytes=2 * 2 ** 30, reps=20):
     return 2 * nbytes * reps / (cp.cuda.get_elapsed_time(start, end) * 1e-3)
 
 
+ONEHOT = "exact-onehot"   # exact verification of deterministic drafts: verify(tokens, None, target)
+
+
 def must_read_bytes(method, B, G, V, itemsize):
-    return B * (2 * G + 1) * V * itemsize
+    """Logit bytes the method must read: every row of both models, or only the target's rows when the
+    drafts are one-hot (no draft logits)."""
+    rows = G + 1 if method == ONEHOT else 2 * G + 1
+    return B * rows * V * itemsize
+
+
+def call_verify(method, inputs, **kw):
+    """verify() on one (tokens, draft, target) input set under a benchmark method name."""
+    tokens, draft, target = inputs
+    if method == ONEHOT:
+        return verify(tokens, None, target, method="exact", **kw)
+    return verify(tokens, draft, target, method=method, **kw)
 
 
 def make_inputs(cp, B, G, V, dtype, seed=0, rotate_bytes=None):
@@ -113,20 +127,20 @@ def time_method(cp, method, inputs, reps, temperature=1.0):
     reading `accepted` to the host)."""
     stream = cp.cuda.get_current_stream()
     for k in range(3):
-        verify(*_next_input(inputs, k), method=method, temperature=temperature, seed=1, offset=k).accepted.get()
+        call_verify(method, _next_input(inputs, k), temperature=temperature, seed=1, offset=k).accepted.get()
     starts = [cp.cuda.Event() for _ in range(reps)]
     ends = [cp.cuda.Event() for _ in range(reps)]
     hold_device(cp, 0.002 + reps * 200e-6)
     for k in range(reps):
         starts[k].record(stream)
-        verify(*_next_input(inputs, k), method=method, temperature=temperature, seed=1, offset=k)
+        call_verify(method, _next_input(inputs, k), temperature=temperature, seed=1, offset=k)
         ends[k].record(stream)
     ends[-1].synchronize()
     device = [cp.cuda.get_elapsed_time(s, e) * 1e-3 for s, e in zip(starts, ends)]
     wall = []
     for k in range(reps):
         t0 = time.perf_counter()
-        verify(*_next_input(inputs, k), method=method, temperature=temperature, seed=2, offset=k).accepted.get()
+        call_verify(method, _next_input(inputs, k), temperature=temperature, seed=2, offset=k).accepted.get()
         wall.append(time.perf_counter() - t0)
     return float(np.median(device)), float(np.median(wall))
 
@@ -164,13 +178,13 @@ def time_cpu(methods, inputs, reps, temperature=1.0):
     methods taking turns call by call so that a change in the machine's load hits them alike."""
     for k in range(3):
         for method in methods:
-            verify(*inputs, method=method, temperature=temperature, seed=1, offset=k)
+            call_verify(method, inputs, temperature=temperature, seed=1, offset=k)
     wall = {method: [] for method in methods}
     cpu = {method: [] for method in methods}
     for k in range(reps):
         for method in methods:
             w0, c0 = time.perf_counter(), time.process_time()
-            verify(*inputs, method=method, temperature=temperature, seed=1, offset=k)
+            call_verify(method, inputs, temperature=temperature, seed=1, offset=k)
             cpu[method].append(time.process_time() - c0)
             wall[method].append(time.perf_counter() - w0)
     return {method: (float(np.median(wall[method])), float(np.median(cpu[method]))) for method in methods}

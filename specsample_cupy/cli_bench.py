@@ -16,7 +16,8 @@ def bench():
 
 
 @bench.command("verify")
-@click.option("--methods", default="baseline,exact,sigmoid", show_default=True)
+@click.option("--methods", default="baseline,exact,sigmoid", show_default=True,
+              help="verify methods, and exact-onehot: exact verification without draft logits")
 @click.option("--vocab", default="32000,51864,151936,256000", show_default=True)
 @click.option("--gamma", default="1,3,5,8", show_default=True)
 @click.option("--batch", default="1,8,64", show_default=True)
