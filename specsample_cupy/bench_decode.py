@@ -132,9 +132,12 @@ def run_bench(decoder, prompts_of, *, methods, gammas, temperature, seeds, max_n
     Returns the rows; the first is target-only against itself."""
     configs = [("target", 0)] + [(m, g) for m in methods if m != "target" for g in gammas]
     # Warm-up with the measured shapes: kernel compilation, ONNX Runtime's first runs, graph captures
-    # and the auto policy's calibration happen here.
+    # and the auto policy's calibration happen here. Auto gamma visits the step counts its seed's
+    # acceptance leads to, so it warms up on every seed (a step count first met in a measured call
+    # would time its graph capture).
     for method, gamma in configs:
-        _call(decoder, prompts_of(seeds[0]), method, gamma, temperature, seeds[0], max_new_tokens, True)
+        for seed in (seeds if gamma == "auto" else seeds[:1]):
+            _call(decoder, prompts_of(seed), method, gamma, temperature, seed, max_new_tokens, True)
     measured = []
     for method, gamma in (progress(configs) if progress else configs):
         runs = measure(decoder, prompts_of, method, gamma, temperature=temperature, seeds=seeds,

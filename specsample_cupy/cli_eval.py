@@ -4,10 +4,15 @@ Each command runs every requested verification method over the same data and
 prints the paper's table: accuracy, mean accepted tokens per round, acceptance
 rate, verification time per step and in total, end-to-end time, and the
 relative change against `baseline`.
+
+--draft ngram drafts by prompt lookup over each item's own tokens instead of a draft model (as
+`specsample decode --draft ngram`); its drafts are one-hot, so only exact, greedy and target apply.
 """
 import click
 
-from specsample_cupy.tasks.evaluation import ALL_METHODS, DEFAULT_METHODS
+from specsample_cupy.cli_decode import DraftOption
+from specsample_cupy.ngram import NGRAM, check_ngram_range
+from specsample_cupy.tasks.evaluation import ALL_METHODS, DEFAULT_METHODS, NGRAM_METHODS
 
 
 def _common(func):
@@ -15,11 +20,19 @@ def _common(func):
     options = [
         click.option("--target", required=True, type=click.Path(exists=True, file_okay=False),
                      help="Target model folder (ONNX export)."),
-        click.option("--draft", required=True, type=click.Path(exists=True, file_okay=False),
-                     help="Draft model folder (ONNX export, same tokenizer)."),
-        click.option("--methods", default=",".join(DEFAULT_METHODS), show_default=True,
+        click.option("--draft", required=True, type=DraftOption(),
+                     help="Draft model folder (ONNX export, same tokenizer), or 'ngram': drafts by prompt "
+                          "lookup (what followed the last --ngram-max..--ngram-min tokens' most recent "
+                          "earlier occurrence), no draft model."),
+        click.option("--ngram-min", default=1, show_default=True, type=click.IntRange(min=1),
+                     help="Shortest suffix prompt lookup matches (--draft ngram)."),
+        click.option("--ngram-max", default=4, show_default=True, type=click.IntRange(min=1),
+                     help="Longest suffix prompt lookup matches (--draft ngram)."),
+        click.option("--methods", default=None,
                      help=f"Comma-separated, from: {', '.join(ALL_METHODS)} "
-                          "('target' decodes with the target alone)."),
+                          "('target' decodes with the target alone). Default: "
+                          f"{','.join(DEFAULT_METHODS)}; with --draft ngram {','.join(NGRAM_METHODS)} "
+                          "(the only ones it takes)."),
         click.option("--gamma", default=5, show_default=True, type=int,
                      help="Draft tokens proposed per verification step."),
         click.option("--limit", default=None, type=click.IntRange(min=1),
@@ -42,13 +55,23 @@ def _common(func):
     return func
 
 
-def _settings(methods, gamma, temperature, seed, max_new_tokens, warmup, progress):
-    from specsample_cupy.tasks.evaluation import RunSettings, parse_methods
+def _settings(methods, gamma, temperature, seed, max_new_tokens, warmup, progress, draft, ngram_min, ngram_max):
+    """RunSettings from the options; every option problem is a usage error, before any model loads."""
+    from specsample_cupy.tasks.evaluation import RunSettings, check_ngram_methods, parse_methods
 
+    try:   # checked whatever --draft is, as `specsample decode` does
+        check_ngram_range(ngram_min, ngram_max)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--ngram-min/--ngram-max")
+    ngram = draft == NGRAM
+    if methods is None:
+        methods = ",".join(NGRAM_METHODS if ngram else DEFAULT_METHODS)
     try:
         settings = RunSettings(parse_methods(methods), gamma=gamma, max_new_tokens=max_new_tokens,
                                temperature=temperature, seed=seed, warmup=warmup, progress=progress)
         settings.check()
+        if ngram:
+            check_ngram_methods(settings.methods)
     except ValueError as exc:
         raise click.UsageError(str(exc))
     return settings
@@ -83,14 +106,15 @@ def eval_group():
 @click.option("--language", default="en", show_default=True, help="Language token for multilingual models.")
 @click.option("--task", "asr_task", type=click.Choice(["transcribe", "translate"]), default="transcribe",
               show_default=True)
-def asr(target, draft, methods, gamma, limit, temperature, seed, device, json_path, plot_path, warmup,
-        progress, data, max_new_tokens, language, asr_task):
+def asr(target, draft, ngram_min, ngram_max, methods, gamma, limit, temperature, seed, device, json_path,
+        plot_path, warmup, progress, data, max_new_tokens, language, asr_task):
     """Speech recognition with a Whisper draft/target pair (optimum ONNX exports), scored by WER."""
     from specsample_cupy.tasks.asr import run_asr
 
-    settings = _settings(methods, gamma, temperature, seed, max_new_tokens, warmup, progress)
+    settings = _settings(methods, gamma, temperature, seed, max_new_tokens, warmup, progress, draft,
+                         ngram_min, ngram_max)
     _run(run_asr, target, draft, data, settings, device=device, limit=limit, language=language,
-         task=asr_task, json_path=json_path, plot_path=plot_path)
+         task=asr_task, json_path=json_path, plot_path=plot_path, ngram_min=ngram_min, ngram_max=ngram_max)
 
 
 @eval_group.command("summarize")
@@ -100,11 +124,12 @@ def asr(target, draft, methods, gamma, limit, temperature, seed, device, json_pa
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--template", default="{article}\\nSummary:", show_default=True,
               help="Prompt template; {article} marks the article, \\n a newline.")
-def summarize(target, draft, methods, gamma, limit, temperature, seed, device, json_path, plot_path, warmup,
-              progress, data, max_new_tokens, template):
+def summarize(target, draft, ngram_min, ngram_max, methods, gamma, limit, temperature, seed, device, json_path,
+              plot_path, warmup, progress, data, max_new_tokens, template):
     """Summarization with a decoder-only draft/target pair (optimum ONNX exports), scored by ROUGE."""
     from specsample_cupy.tasks.summarize import run_summarize
 
-    settings = _settings(methods, gamma, temperature, seed, max_new_tokens, warmup, progress)
+    settings = _settings(methods, gamma, temperature, seed, max_new_tokens, warmup, progress, draft,
+                         ngram_min, ngram_max)
     _run(run_summarize, target, draft, data, settings, device=device, limit=limit, template=template,
-         json_path=json_path, plot_path=plot_path)
+         json_path=json_path, plot_path=plot_path, ngram_min=ngram_min, ngram_max=ngram_max)

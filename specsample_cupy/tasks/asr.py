@@ -4,6 +4,9 @@
 Whisper sessions of whisper_session.py plugged in where it expects decoder-only
 sessions: per utterance, both encoders run once, then the loop decodes from
 Whisper's forced prefix (start, language, task, no-timestamps).
+
+With draft="ngram" there is no draft model: the same loop proposes by prompt lookup over the
+decoder's tokens (forced prefix + generated so far, ngram.propose_ngram) and verifies one-hot drafts.
 """
 from __future__ import annotations
 
@@ -11,11 +14,12 @@ import time
 from pathlib import Path
 
 from specsample_cupy.decoder import SpeculativeDecoder
+from specsample_cupy.ngram import NGRAM, check_ngram_range
 from specsample_cupy.sessions import check_pair as check_tokenizers
 from specsample_cupy.tasks.audio import AudioError, load_audio, log_mel_spectrogram
 from specsample_cupy.tasks.datasets import NoUsableItems, Skipped, load_asr_items
-from specsample_cupy.tasks.evaluation import (RunSettings, finish_report, item_record,
-                                              progress_bar)
+from specsample_cupy.tasks.evaluation import (RunSettings, check_ngram_methods, draft_label, finish_report,
+                                              item_record, progress_bar)
 from specsample_cupy.tasks.instrumented import StepRecorder
 from specsample_cupy.tasks.metrics import corpus_wer, normalizer_name
 from specsample_cupy.tasks.whisper_config import check_pair
@@ -28,23 +32,33 @@ class WhisperSpeculativeDecoder(StepRecorder, SpeculativeDecoder):
     Sets up what SpeculativeDecoder.generate() uses (sessions, specs, stream,
     tokenizer, context length) from two Whisper folders instead of two
     decoder-only folders; the decoding loop itself is SpeculativeDecoder's.
+    draft="ngram": no draft model; the loop drafts by prompt lookup (self.draft is None,
+    self.ngram the suffix lengths), as SpeculativeDecoder(draft="ngram") does.
     """
 
     def __init__(self, target, draft, device: str | None = None, *, language: str | None = "en",
-                 task: str = "transcribe", device_id: int = 0):
+                 task: str = "transcribe", device_id: int = 0, ngram_min: int = 1, ngram_max: int = 4):
+        self.ngram = None
+        if isinstance(draft, str) and draft == NGRAM:
+            check_ngram_range(ngram_min, ngram_max)
+            self.ngram = (ngram_min, ngram_max)
         self._use_device(device, device_id)
         kw = dict(device=self.device, language=language, task=task, stream=self.stream,
                   device_id=device_id)
         self.target_model = WhisperModel(target, **kw)
-        self.draft_model = WhisperModel(draft, **kw)
-        check_pair(self.target_model.spec, self.draft_model.spec)
-        check_tokenizers(self.target_model.model_spec, self.draft_model.model_spec)
-        self.target_spec, self.draft_spec = self.target_model.model_spec, self.draft_model.model_spec
+        self.target_spec = self.target_model.model_spec
         self.target = WhisperDecoderSession(self.target_model)
-        self.draft = WhisperDecoderSession(self.draft_model)
+        self.draft_model = self.draft_spec = self.draft = None
+        models = [self.target_model]
+        if not self.ngram:
+            self.draft_model = WhisperModel(draft, **kw)
+            check_pair(self.target_model.spec, self.draft_model.spec)
+            check_tokenizers(self.target_spec, self.draft_model.model_spec)
+            self.draft_spec = self.draft_model.model_spec
+            self.draft = WhisperDecoderSession(self.draft_model)
+            models.append(self.draft_model)
         self.tokenizer = self.target_model.tokenizer
-        self.context_length = min(self.target_model.spec.max_target_positions,
-                                  self.draft_model.spec.max_target_positions)
+        self.context_length = min(m.spec.max_target_positions for m in models)
         self.prompt_ids = list(self.target_model.spec.prompt_ids)
         # The Whisper cache truncates on rollback, so no slack; the prompt is short.
         self.kv_slack, self.prefill_chunk = 0, self.context_length
@@ -60,7 +74,7 @@ class WhisperSpeculativeDecoder(StepRecorder, SpeculativeDecoder):
         with self._on_stream():
             feats = {}
             models = [(self.target_model, self.target)]
-            if method != "target":
+            if method != "target" and self.draft_model is not None:
                 models.append((self.draft_model, self.draft))
             for model, session in models:
                 n = model.spec.n_mels
@@ -76,13 +90,17 @@ class WhisperSpeculativeDecoder(StepRecorder, SpeculativeDecoder):
 
 
 def run_asr(target, draft, data, settings: RunSettings, *, device=None, limit=None, language="en",
-            task="transcribe", json_path=None, plot_path=None, echo=print) -> dict:
-    """Evaluate every method on the data; print the table; write JSON/plot; return the report."""
+            task="transcribe", json_path=None, plot_path=None, echo=print, ngram_min=1, ngram_max=4) -> dict:
+    """Evaluate every method on the data; print the table; write JSON/plot; return the report.
+    draft="ngram": prompt-lookup drafts over ngram_min..ngram_max tokens instead of a draft model."""
     settings.check()
+    if draft == NGRAM:
+        check_ngram_methods(settings.methods)
     items, skipped = load_asr_items(data)
     if not items:
         raise NoUsableItems(data, "utterances", skipped)
-    decoder = WhisperSpeculativeDecoder(target, draft, device, language=language, task=task)
+    decoder = WhisperSpeculativeDecoder(target, draft, device, language=language, task=task,
+                                        ngram_min=ngram_min, ngram_max=ngram_max)
     methods = settings.methods
     records = {m: [] for m in methods}
 
@@ -124,7 +142,7 @@ def run_asr(target, draft, data, settings: RunSettings, *, device=None, limit=No
         for r, p in zip(records[m], scores["per_item"]):
             r["wer"] = p["wer"]
         accuracy[m] = scores
-    header = {"target": str(Path(target)), "draft": str(Path(draft)), "data": str(Path(data)),
+    header = {"target": str(Path(target)), "draft": draft_label(draft, decoder.ngram), "data": str(Path(data)),
               "device": decoder.device, "methods": methods, "gamma": settings.gamma,
               "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature,
               "seed": settings.seed, "language": language, "task_name": task,

@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from specsample_cupy.verify import SAMPLING_ONLY
+from specsample_cupy.ngram import NGRAM
+from specsample_cupy.verify import ONEHOT_METHODS, SAMPLING_ONLY
 from specsample_cupy.tasks.report import (add_relative_changes, plot_verify_times, render_table,
                                           summarize_method, write_json)
 
 VERIFY_METHODS = ("baseline", "exact", "sigmoid", "sigmoid-paper", "greedy")
 ALL_METHODS = VERIFY_METHODS + ("target",)
 DEFAULT_METHODS = ("baseline", "exact", "sigmoid", "target")
+# Prompt-lookup drafts (draft="ngram") have no draft distribution: only the methods that verify one-hot
+# drafts apply, and target-only decoding as the reference.
+NGRAM_METHODS = ONEHOT_METHODS + ("target",)
 
 
 def parse_methods(text: str) -> list[str]:
@@ -23,6 +28,19 @@ def parse_methods(text: str) -> list[str]:
     if unknown or not methods:
         raise ValueError(f"unknown method(s) {unknown or text!r}; choose from {', '.join(ALL_METHODS)}")
     return list(dict.fromkeys(methods))
+
+
+def check_ngram_methods(methods) -> None:
+    """ValueError naming the methods that need a draft model's logits, which prompt lookup lacks."""
+    refused = [m for m in methods if m not in NGRAM_METHODS]
+    if refused:
+        raise ValueError(f"--draft ngram proposes one-hot drafts (no draft logits): method(s) "
+                         f"{', '.join(refused)} need a draft model; choose from {', '.join(NGRAM_METHODS)}")
+
+
+def draft_label(draft, ngram) -> str:
+    """The report's "draft": the model folder, or "ngram MIN..MAX" for prompt lookup."""
+    return f"{NGRAM} {ngram[0]}..{ngram[1]}" if ngram else str(Path(draft))
 
 
 @dataclass

@@ -5,6 +5,7 @@ decoding stops at EOS, at a blank line ("\\n\\n") or at the token budget. An
 article without a reference summary is scored against the target model's own
 output (target-only decoding with the same temperature and seed), which then
 measures how far each speculative method drifts from the target.
+With draft="ngram" the decoder drafts by prompt lookup over the request's tokens (no draft model).
 """
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import time
 from pathlib import Path
 
 from specsample_cupy.decoder import SpeculativeDecoder
+from specsample_cupy.ngram import NGRAM
 from specsample_cupy.tasks.datasets import NoUsableItems, Skipped, load_summary_items
-from specsample_cupy.tasks.evaluation import RunSettings, finish_report, item_record, progress_bar
+from specsample_cupy.tasks.evaluation import (RunSettings, check_ngram_methods, draft_label, finish_report,
+                                              item_record, progress_bar)
 from specsample_cupy.tasks.instrumented import StepRecorder
 from specsample_cupy.tasks.metrics import rouge_scores
 
@@ -41,14 +44,17 @@ def render_prompt(template: str, article: str) -> str:
 
 def run_summarize(target, draft, data, settings: RunSettings, *, device=None, limit=None,
                   template: str = DEFAULT_TEMPLATE, json_path=None, plot_path=None,
-                  echo=print) -> dict:
-    """Evaluate every method on the articles; print the table; write JSON/plot; return the report."""
+                  echo=print, ngram_min=1, ngram_max=4) -> dict:
+    """Evaluate every method on the articles; print the table; write JSON/plot; return the report.
+    draft="ngram": prompt-lookup drafts over ngram_min..ngram_max tokens instead of a draft model."""
     settings.check()
+    if draft == NGRAM:
+        check_ngram_methods(settings.methods)
     render_prompt(template, "")                        # reject a bad template before loading models
     items, skipped = load_summary_items(data)
     if not items:
         raise NoUsableItems(data, "articles", skipped)
-    decoder = RecordingDecoder(target, draft, device=device)
+    decoder = RecordingDecoder(target, draft, device=device, ngram_min=ngram_min, ngram_max=ngram_max)
     methods = settings.methods
     records = {m: [] for m in methods}
     references: list[str] = []
@@ -104,7 +110,7 @@ def run_summarize(target, draft, data, settings: RunSettings, *, device=None, li
         for r, ref, kind, p in zip(records[m], references, reference_kind, scores["per_item"]):
             r.update(reference=ref, reference_kind=kind, **p)
         accuracy[m] = scores
-    header = {"target": str(Path(target)), "draft": str(Path(draft)), "data": str(Path(data)),
+    header = {"target": str(Path(target)), "draft": draft_label(draft, decoder.ngram), "data": str(Path(data)),
               "device": decoder.device, "methods": methods, "gamma": settings.gamma,
               "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature,
               "seed": settings.seed, "template": template, "stop_strings": list(STOP_STRINGS),
