@@ -38,11 +38,15 @@
 #include "block_reduce.cuh"
 #include "load.cuh"
 #include "handoff.cuh"
+#include "warp_record.cuh"
 
 #define SS_MODE_LOGITS 0
 #define SS_MODE_PROBS 1
 #define SS_MODE_SIGMOID 2
 #define SS_MODE_SIGMOID_PAPER 3
+// Softmax of logits truncated by top-k / top-p / min-p: the rows' statistics and thresholds come
+// from warp_rows_kernel (warp_rows.cu), launched just before; there are no P1 items.
+#define SS_MODE_WARPED 4
 
 #define SS_INF __int_as_float(0x7f800000)
 #define SS_LOG2E 1.4426950408889634f
@@ -122,6 +126,7 @@ struct Verifier {
   int B, G, V, S1, C1, S2, C2, R;
   int *req_ctr, *fin_ctr, *err, *part, *cand;
   SoftmaxStat* rows;  // shared: the combined statistics of every row of the current P2 request
+  const float* record;  // SS_MODE_WARPED: warp_rows_kernel's record of every row (warp_record.cuh)
   int *accepted, *emitted, *error, *tokens;
 
   // Temperature rules (the same in specsample_cupy/reference.py): negative or non-finite, or 0 for
@@ -336,9 +341,16 @@ struct Verifier {
       const int i = is_target ? r : r - G - 1;
       if (!row_scanned(rq, is_target, i)) continue;
       SoftmaxStat st = {-SS_INF, 0.f, 0x7fffffff};
-      const int* rp = part + (long long)(b * R + r) * S1 * 3;
-      for (int k = lane; k < S1; k += 32) st = Combine()(st, load_stat(rp + 3 * k));
-      st = warp_reduce(st, Combine());
+      if constexpr (MODE == SS_MODE_WARPED) {
+        const float* rec = record + (long long)(b * R + r) * SS_RECORD;
+        st.m = __ldcg(rec + SS_REC_M);
+        st.s = __ldcg(rec + SS_REC_S);
+        st.arg = __float_as_int(__ldcg(rec + SS_REC_ARG));
+      } else {
+        const int* rp = part + (long long)(b * R + r) * S1 * 3;
+        for (int k = lane; k < S1; k += 32) st = Combine()(st, load_stat(rp + 3 * k));
+        st = warp_reduce(st, Combine());
+      }
       if (lane == 0) {
         rows[r] = st;
         const bool pair = MODE == SS_MODE_SIGMOID_PAPER && !is_target;
@@ -360,7 +372,7 @@ struct Verifier {
   // ---- P2: acceptance and the race over one slice of the emitted row -------------------------
   // c = log2(e) / T, mc = log2(e) * m (m in scaled units), as in scan_slice.
   __device__ __forceinline__ float weight(float v, float inv_t, float c, float mc, float inv_s) const {
-    if constexpr (MODE == SS_MODE_LOGITS) return ex2_approx(fmaf(v, c, -mc)) * inv_s;
+    if constexpr (MODE == SS_MODE_LOGITS || MODE == SS_MODE_WARPED) return ex2_approx(fmaf(v, c, -mc)) * inv_s;
     else if constexpr (MODE == SS_MODE_PROBS) return v * inv_s;
     else return sigma(v * inv_t);
   }
@@ -370,18 +382,29 @@ struct Verifier {
   struct Gathered {
     int x;
     float z, y, u;  // temperature-scaled target and draft logit at x, acceptance uniform
+    float zr, yr;   // the same logits unscaled (SS_MODE_WARPED: the truncation test)
     bool in_range;
   };
 
+  // SS_MODE_WARPED: is raw value v of row r of request b inside the row's truncation?
+  __device__ __forceinline__ bool kept(int b, int r, float v) const {
+    const float* rec = record + (long long)(b * R + r) * SS_RECORD;
+    return __ldcg(rec + SS_REC_MAX) - v <= __ldcg(rec + SS_REC_DMAX);
+  }
+
   __device__ __forceinline__ Gathered gather(int b, int i, const Request& rq) const {
-    Gathered g = {0, 0.f, 0.f, 0.f, false};
+    Gathered g = {0, 0.f, 0.f, 0.f, 0.f, 0.f, false};
     if (i < rq.L) {
       const long long x = (long long)draft_tokens[(long long)b * G + i];
       g.in_range = x >= 0 && x < V;
       if (g.in_range) {
         g.x = (int)x;
-        g.z = decode<T>(target_row(b, i)[x]) * rq.inv_t;
-        if (!rq.greedy && draft) g.y = decode<T>(draft_row(b, i)[x]) * rq.inv_t;
+        g.zr = decode<T>(target_row(b, i)[x]);
+        g.z = g.zr * rq.inv_t;
+        if (!rq.greedy && draft) {
+          g.yr = decode<T>(draft_row(b, i)[x]);
+          g.y = g.yr * rq.inv_t;
+        }
         g.u = acceptance_uniform(PhiloxStream(seed, offset, b, 0, SS_PURPOSE_ACCEPT).word(i));
       }
     }
@@ -396,10 +419,12 @@ struct Verifier {
     } else {
       const SoftmaxStat sp = rows[i];
       if (rq.greedy) return g.x == sp.arg;
-      const float p = MODE == SS_MODE_PROBS ? g.z / sp.s : expf(g.z - sp.m) / sp.s;
+      float p = MODE == SS_MODE_PROBS ? g.z / sp.s : expf(g.z - sp.m) / sp.s;
+      if (MODE == SS_MODE_WARPED && !kept(b, i, g.zr)) p = 0.f;
       if (!draft) return p > 0.f && g.u <= p;   // one-hot draft: q(x) = 1
       const SoftmaxStat sq = rows[G + 1 + i];
-      const float q = MODE == SS_MODE_PROBS ? g.y / sq.s : expf(g.y - sq.m) / sq.s;
+      float q = MODE == SS_MODE_PROBS ? g.y / sq.s : expf(g.y - sq.m) / sq.s;
+      if (MODE == SS_MODE_WARPED && !kept(b, G + 1 + i, g.yr)) q = 0.f;
       return p > 0.f && g.u * q <= p;
     }
   }
@@ -434,7 +459,7 @@ struct Verifier {
 
   __device__ __forceinline__ void phase2(int b, int s, RaceBest* red, int* sh) const {
     const Request rq = request(b);
-    Gathered first = {0, 0.f, 0.f, 0.f, false};
+    Gathered first = {0, 0.f, 0.f, 0.f, 0.f, 0.f, false};
     if (threadIdx.x < 32) first = gather(b, threadIdx.x, rq);
     if constexpr (!is_sigmoid(MODE)) gather_rows(b, rq, sh);
     first_rejection(b, rq, first, sh + 0, sh + 1);
@@ -467,6 +492,16 @@ struct Verifier {
       const float inv_sp = 1.f / sp.s, inv_sq = 1.f / sq.s;
       const float c = rq.inv_t * SS_LOG2E;
       const float mcp = sp.m * SS_LOG2E, mcq = sq.m * SS_LOG2E;
+      // SS_MODE_WARPED: entries beyond a row's truncation weigh nothing (M - z > dmax).
+      float maxp = 0.f, dmaxp = SS_INF, maxq = 0.f, dmaxq = SS_INF;
+      if constexpr (MODE == SS_MODE_WARPED) {
+        const float* rp = record + (long long)(b * R + n) * SS_RECORD;
+        maxp = __ldcg(rp + SS_REC_MAX); dmaxp = __ldcg(rp + SS_REC_DMAX);
+        if (read_q) {
+          const float* rq_ = record + (long long)(b * R + G + 1 + n) * SS_RECORD;
+          maxq = __ldcg(rq_ + SS_REC_MAX); dmaxq = __ldcg(rq_ + SS_REC_DMAX);
+        }
+      }
       const PhiloxStream ps(seed, offset, b, n, race_purpose);
       const int lo = s * C2, hi = min(V, lo + C2);
       for (int base = lo + threadIdx.x * VEC; base < hi; base += SS_THREADS * VEC) {
@@ -487,6 +522,10 @@ struct Verifier {
           } else {
             wp = weight(z[k], rq.inv_t, c, mcp, inv_sp);
             wq = read_q ? weight(y[k], rq.inv_t, c, mcq, inv_sq) : (base + k == xn ? 1.f : 0.f);
+            if constexpr (MODE == SS_MODE_WARPED) {
+              if (maxp - z[k] > dmaxp) wp = 0.f;
+              if (read_q && maxq - y[k] > dmaxq) wq = 0.f;
+            }
           }
           const float kr = wp - wq > 0.f ? __fdividef(wp - wq, e[k]) : -1.f;
           const float kp = wp > 0.f ? __fdividef(wp, e[k]) : -1.f;
@@ -547,13 +586,13 @@ struct Verifier {
 };
 
 template <class T, class TOK, int VEC, int MODE>
-__global__ void __launch_bounds__(SS_THREADS, MODE == SS_MODE_PROBS ? 3 : 4) verify_kernel(
+__global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == SS_MODE_WARPED) ? 3 : 4) verify_kernel(
     const TOK* draft_tokens, const typename T::storage* draft, const typename T::storage* target,
     const int* lengths, const float* temps, float temp_scalar, int greedy_all,
     unsigned long long seed, const long long* seed_ptr, unsigned long long offset, const long long* offset_ptr,
     float sig_offset, float sig_scale, unsigned race_purpose,
     int B, int G, int V, int S1, int C1, int S2, int C2, int lag_requests,
-    int* ws, long long part_off, long long cand_off, int* out) {
+    int* ws, long long part_off, long long cand_off, const float* record, int* out) {
   __shared__ SoftmaxStat red_stat[SS_WARPS];
   __shared__ RaceBest red_race[SS_WARPS];
   __shared__ int sh[6];  // n, errors, last-block flag, token, no mass, ticket
@@ -570,6 +609,7 @@ __global__ void __launch_bounds__(SS_THREADS, MODE == SS_MODE_PROBS ? 3 : 4) ver
   v.req_ctr = ws; v.fin_ctr = ws + B; v.err = ws + 2 * B;
   v.part = ws + part_off; v.cand = ws + cand_off;
   v.rows = reinterpret_cast<SoftmaxStat*>(dynamic_smem);
+  v.record = record;
   v.accepted = out; v.emitted = out + B; v.error = out + 2 * B; v.tokens = out + 3 * B;
   unsigned* ticket = reinterpret_cast<unsigned*>(ws + 3 * B);
 

@@ -67,16 +67,36 @@ ONEHOT = "exact-onehot"   # exact verification of deterministic drafts: verify(t
 def must_read_bytes(method, B, G, V, itemsize):
     """Logit bytes the method must read: every row of both models, or only the target's rows when the
     drafts are one-hot (no draft logits)."""
-    rows = G + 1 if method == ONEHOT else 2 * G + 1
+    rows = G + 1 if parse_method(method)[0] == ONEHOT else 2 * G + 1
     return B * rows * V * itemsize
+
+
+def warped(method, spec):
+    """The benchmark name of `method` with truncation `spec` ("top_p=0.9" or "top_k=50,top_p=0.9")."""
+    return f"{method}[{spec}]"
+
+
+def parse_method(name):
+    """(verify method or ONEHOT, dict of top_k / top_p / min_p) from a benchmark method name."""
+    if not name.endswith("]"):
+        return name, {}
+    method, spec = name[:-1].split("[", 1)
+    warps = {}
+    for item in spec.split(","):
+        key, value = item.split("=")
+        if key not in ("top_k", "top_p", "min_p"):
+            raise ValueError(f"unknown truncation {key!r} in {name!r}: top_k, top_p or min_p")
+        warps[key] = int(value) if key == "top_k" else float(value)
+    return method, warps
 
 
 def call_verify(method, inputs, **kw):
     """verify() on one (tokens, draft, target) input set under a benchmark method name."""
     tokens, draft, target = inputs
+    method, warps = parse_method(method)
     if method == ONEHOT:
-        return verify(tokens, None, target, method="exact", **kw)
-    return verify(tokens, draft, target, method=method, **kw)
+        return verify(tokens, None, target, method="exact", **warps, **kw)
+    return verify(tokens, draft, target, method=method, **warps, **kw)
 
 
 def make_inputs(cp, B, G, V, dtype, seed=0, rotate_bytes=None):

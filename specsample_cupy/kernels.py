@@ -24,6 +24,9 @@ from specsample_cupy import kernel_runtime
 from specsample_cupy.kernel_runtime import codes_header, kernel_source
 
 MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, MODE_SIGMOID_PAPER = 0, 1, 2, 3
+MODE_WARPED = 4     # logits truncated by top-k / top-p / min-p (row statistics from warp_rows.cu)
+WARP_CLUSTER = 8    # warp_rows.cu's WR_CLUSTER: blocks per row, each holding a slice in shared memory
+WARP_RECORD = 6     # warp_record.cuh's SS_RECORD: floats per row record
 THREADS = 256
 _DTYPE_TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _TOKEN_TYPE = {"int32": "int", "int64": "long long"}
@@ -40,7 +43,7 @@ def all_name_expressions():
     for tag in _DTYPE_TAG.values():
         for token in _TOKEN_TYPE.values():
             for vec in (1, 16 // _ITEMSIZE[tag]):
-                for mode in (MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, MODE_SIGMOID_PAPER):
+                for mode in (MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, MODE_SIGMOID_PAPER, MODE_WARPED):
                     out.append(name_expression(tag, token, vec, mode))
     return out
 
@@ -135,6 +138,8 @@ class _Plan:
         sweeps = -(-V // sweep)
         C1 = sweep * (opts.p1_sweeps or _sweeps_per_item(sweeps * B * R, capacity, opts.max_sweeps, opts.min_sweeps))
         S1 = -(-V // C1)
+        if mode == MODE_WARPED:   # the statistics come from warp_rows.cu: no P1 items
+            S1 = 0
         # P2: when P1 leaves part of the grid free, split the emitted rows over just that part,
         # so no P2 item waits for a block.
         spare = capacity - B * R * S1
@@ -154,6 +159,8 @@ class _Plan:
             raise ValueError(f"verify: {items} work items and {grid} blocks exceed the kernel's 31-bit ticket counter")
         counters, part = 3 * B + 1, B * R * S1 * 3   # [req B | fin B | err B | ticket], partials
         self.workspace = cupy.zeros(counters + part + B * S2 * 4, dtype=cupy.int32)
+        self.err_ptr = self.workspace.data.ptr + 4 * 2 * B      # the per-request error bits
+        self.record = cupy.empty(B * R * WARP_RECORD, cupy.float32) if mode == MODE_WARPED else None
         self.grid, self.capacity = grid, capacity
         self.S1, self.C1, self.S2, self.C2, self.lag = S1, C1, S2, C2, lag
         self.out_size = 3 * B + B * (G + 1)
@@ -163,7 +170,8 @@ class _Plan:
             c.c_uint64(), c.c_void_p(), c.c_uint64(), c.c_void_p(), c.c_float(), c.c_float(),
             c.c_uint32(), *(c.c_int32(v) for v in (B, G, V, S1, C1, S2, C2, lag)),
             c.c_void_p(self.workspace.data.ptr), c.c_int64(counters), c.c_int64(counters + part),
-            ("out", c.c_void_p())])
+            c.c_void_p(0 if self.record is None else self.record.data.ptr), ("out", c.c_void_p())])
+        self.warp = _WarpRows(tag, B, G, V, device_id, self.err_ptr, self.record) if mode == MODE_WARPED else None
 
     def __call__(self, stream, head, out):
         """head: the 14 leading kernel arguments (pointers as ints); out: the output array. One locked
@@ -209,15 +217,49 @@ def plan_info(draft_tokens, draft, target, *, dtype_name, mode, options=None):
                 lag=plan.lag)
 
 
+class _WarpRows:
+    """warp_rows.cu for one plan (dtype, B, G, V): one cluster of WARP_CLUSTER blocks per row, each
+    block holding a 1 / WARP_CLUSTER slice of the row (as float32) in dynamic shared memory. It
+    writes the plan's row records and ORs value errors into the plan's per-request error bits."""
+
+    def __init__(self, tag, B, G, V, device_id, err_ptr, record):
+        import cupy
+        kern, = kernel_runtime.functions("warp_rows.cu", (f"warp_rows_kernel<{tag}>",))
+        C = -(-V // WARP_CLUSTER)
+        self.shared_bytes = 4 * C
+        limit = cupy.cuda.Device(device_id).attributes["MaxSharedMemoryPerBlockOptin"]
+        static = kern.attributes["shared_size_bytes"]
+        if self.shared_bytes + static > limit:
+            raise ValueError(f"top_k / top_p / min_p on this GPU support vocabularies up to "
+                             f"{WARP_CLUSTER * ((limit - static) // 4)} entries, got V={V}")
+        # Dynamic shared memory above 48 KB must be allowed per function
+        # (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8).
+        cupy.cuda.driver.funcSetAttribute(kern.kernel.ptr, 8, self.shared_bytes)
+        self.grid = B * (2 * G + 1) * WARP_CLUSTER
+        c = ctypes
+        self.launch = kernel_runtime.Launch(kern, [
+            c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_float(), c.c_int32(),
+            c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_int32(B), c.c_int32(G), c.c_int32(V), c.c_int32(C),
+            c.c_void_p(err_ptr), c.c_void_p(record.data.ptr)])
+
+    def __call__(self, stream, head, warps):
+        """head: draft, target, lengths, temps (pointers), temp_scalar, greedy_all."""
+        self.launch(stream, self.grid, THREADS, self.shared_bytes,
+                    leading=head + (warps.top_k.data.ptr, warps.top_p.data.ptr, warps.span.data.ptr))
+
+
 def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scalar, seed, offset,
-           mode, sigmoid_offset, sigmoid_scale, race_purpose, greedy=False, options=None, out=None):
+           mode, sigmoid_offset, sigmoid_scale, race_purpose, greedy=False, options=None, out=None,
+           warps=None):
     """Enqueue the verification kernel on the current stream. Returns the int32 output buffer
     [accepted B | emitted B | error B | tokens B*(G+1)]: `out` when given (a caller that reuses one
     buffer must have consumed the previous result in stream order), else a new array.
     greedy: every request greedy (method "greedy"); temps are then only checked.
     draft: [B, G, V] logits/probabilities, or None for one-hot drafts (q(x_i) = 1).
     options: PlanOptions (None: the default plan). seed/offset: ints, or one-element int64 CuPy
-    arrays (read by the kernel when it runs)."""
+    arrays (read by the kernel when it runs).
+    warps: mode MODE_WARPED only: a specsample_cupy.warps.Warps of CuPy arrays; warp_rows.cu runs
+    first and writes every row's statistics and truncation."""
     import cupy
     plan, stream = _plan(draft_tokens, draft, target, dtype_name, mode, options)
     if out is None or out.size != plan.out_size:
@@ -226,6 +268,9 @@ def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scal
     offset_dev = isinstance(offset, cupy.ndarray)
     # draft None: one-hot drafts (the kernel reads no draft row); gamma = 0: never read.
     draft_ptr = 0 if draft is None else (draft.data.ptr if draft.size else target.data.ptr)
+    if mode == MODE_WARPED:
+        plan.warp(stream, (draft_ptr, target.data.ptr, _ptr(lengths), _ptr(temps), float(temp_scalar or 0.0),
+                           int(bool(greedy))), warps)
     plan(stream, (draft_tokens.data.ptr, draft_ptr, target.data.ptr, _ptr(lengths), _ptr(temps),
                   float(temp_scalar or 0.0), int(bool(greedy)),
                   0 if seed_dev else int(seed) & 0xFFFFFFFFFFFFFFFF, seed.data.ptr if seed_dev else 0,

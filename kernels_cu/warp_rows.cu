@@ -1,0 +1,308 @@
+// Row statistics of truncated sampling (top-k, top-p, min-p) for verify_kernel's warped mode.
+//
+// The rule (specsample_cupy/warps.py states it for users; its NumPy reference is the CPU path):
+// per row z at temperature T, M = max z and d = M - z in float32. top-k keeps d <= the k-th
+// smallest d; top-p keeps d <= the smallest d whose cumulative mass (exp(-d / T), ascending d,
+// within the top-k set) reaches top_p of that set's mass; min-p keeps d <= span = -T ln(min_p)
+// (computed on the host). dmax is the smallest of the three; ties at a threshold are kept.
+//
+// Parallel decomposition. One cluster of WR_CLUSTER blocks (256 threads each) per logit row
+// (request b, row r: target rows 0..G, then draft rows 0..G-1, verify.cu's order). Block k copies
+// vocabulary slice k of the row into its shared memory: the row is read from global memory once,
+// and everything after works on shared memory, with the cluster's blocks exchanging through
+// distributed shared memory (DSMEM) at cluster barriers:
+//   1. the row maximum M and first argmax, and the NaN/+Inf check;
+//   2. top-k and top-p: a radix select over the bits of d (non-negative floats order like their
+//      bits): three passes of 11, 10 and 10 bits. Each block histograms its slice's entries that
+//      match the prefix found so far (count and/or mass), the cluster synchronises, and every block
+//      sums the WR_CLUSTER histograms in rank order, so each holds identical totals and finds the
+//      same bin where the cumulative count / mass reaches the target (a block-wide scan). Two
+//      histogram buffers alternate, so the next pass never overwrites one a peer is still reading;
+//   3. the kept mass E = sum over d <= dmax of exp((z - M) / T), per block, then over ranks.
+// Rank 0 writes the row's record (M / T, E, argmax, M, dmax); verify_kernel (SS_MODE_WARPED) reads
+// it instead of computing statistics, and gives entries with M - z > dmax no probability.
+// Greedy requests (temperature 0) need only M and the argmax; inactive rows are skipped whole.
+#include <cooperative_groups.h>
+
+#include "codes.cuh"
+#include "block_reduce.cuh"
+#include "load.cuh"
+#include "warp_record.cuh"
+
+namespace cg = cooperative_groups;
+
+#define WR_CLUSTER 8
+#define WR_BINS 2048          // the widest pass: 11 bits
+#define WR_INF __int_as_float(0x7f800000)
+#define WR_LOG2E 1.4426950408889634f
+#define WR_PER_THREAD (WR_BINS / SS_THREADS)
+
+struct WarpHist {
+  unsigned count[WR_BINS];
+  float mass[WR_BINS];
+};
+
+// The bin a radix pass chose, and the count / mass of the (cluster's) entries in the bins below it.
+struct Crossing {
+  int bin;
+  unsigned count_below;
+  float mass_below, mass_bin;
+};
+
+struct CountMass {
+  unsigned c;
+  float m;
+};
+
+struct MinInt {
+  __device__ int operator()(int a, int b) const { return a < b ? a : b; }
+};
+struct MaxInt {
+  __device__ int operator()(int a, int b) const { return a > b ? a : b; }
+};
+struct AddFloat {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+// The cluster's work on one row once every block holds its slice (see the header).
+struct RowSelect {
+  const float* vals;   // this block's slice, decoded
+  int n;               // its length
+  float M, c, mc;      // row maximum; log2(e) / T; M * c
+  WarpHist* hist;      // two buffers, alternating by pass
+  int pass;
+  CountMass* scan;     // SS_WARPS entries
+  int* red;            // SS_WARPS ints
+  Crossing* found;
+
+  // exp((z - M) / T), as verify_kernel weighs an entry.
+  __device__ __forceinline__ float mass_of(float v) const { return ex2_approx(fmaf(v, c, -mc)); }
+
+  // Exclusive block-wide scan of (count, mass) in thread order, and the block total.
+  __device__ CountMass exclusive_scan(CountMass x, CountMass& total) const {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    CountMass inc = x;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned cu = __shfl_up_sync(0xffffffffu, inc.c, o);
+      const float mu = __shfl_up_sync(0xffffffffu, inc.m, o);
+      if (lane >= o) { inc.c += cu; inc.m += mu; }
+    }
+    if (lane == 31) scan[warp] = inc;
+    __syncthreads();
+    CountMass before = {0u, 0.f};
+    total = CountMass{0u, 0.f};
+#pragma unroll
+    for (int w = 0; w < SS_WARPS; ++w) {
+      const CountMass s = scan[w];
+      if (w < warp) { before.c += s.c; before.m += s.m; }
+      total.c += s.c; total.m += s.m;
+    }
+    __syncthreads();
+    return CountMass{before.c + inc.c - x.c, before.m + inc.m - x.m};
+  }
+
+  // One radix pass over the entries with key <= limit whose bits above shift + width equal prefix,
+  // binned by the next `width` bits (key = bits of M - z). Sets *found to the first bin whose
+  // cumulative count (by_mass: mass) reaches the target, or, when float rounding leaves none
+  // reaching it, the last non-empty bin. by_mass with frac > 0 first sets target_mass to frac x
+  // the pass's total mass. Masses are histogrammed only when want_mass.
+  __device__ Crossing pass_once(unsigned prefix, int shift, int width, unsigned limit, bool by_mass,
+                                bool want_mass, float frac, unsigned target_count, float& target_mass) {
+    WarpHist& h = hist[pass++ & 1];
+    const int nbins = 1 << width;
+    for (int i = threadIdx.x; i < nbins; i += SS_THREADS) { h.count[i] = 0u; h.mass[i] = 0.f; }
+    __syncthreads();
+    const unsigned mask = (unsigned)nbins - 1u;
+    const int top = shift + width;
+    for (int i = threadIdx.x; i < n; i += SS_THREADS) {
+      const float v = vals[i];
+      const unsigned key = __float_as_uint(M - v);
+      if (key > limit || (top < 32 && (key >> top) != prefix)) continue;
+      const unsigned bin = (key >> shift) & mask;
+      atomicAdd(&h.count[bin], 1u);
+      if (want_mass) atomicAdd(&h.mass[bin], mass_of(v));
+    }
+    cg::this_cluster().sync();
+    // This thread's bins summed over the cluster in rank order: every block gets identical sums.
+    const int first = threadIdx.x * WR_PER_THREAD;
+    unsigned cnt[WR_PER_THREAD];
+    float ms[WR_PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < WR_PER_THREAD; ++j) { cnt[j] = 0u; ms[j] = 0.f; }
+    if (first < nbins) {
+      for (int r = 0; r < WR_CLUSTER; ++r) {
+        const WarpHist* peer = cg::this_cluster().map_shared_rank(&h, r);
+#pragma unroll
+        for (int j = 0; j < WR_PER_THREAD; ++j) {
+          cnt[j] += peer->count[first + j];
+          if (want_mass) ms[j] += peer->mass[first + j];
+        }
+      }
+    }
+    CountMass mine = {0u, 0.f};
+#pragma unroll
+    for (int j = 0; j < WR_PER_THREAD; ++j) { mine.c += cnt[j]; mine.m += ms[j]; }
+    CountMass total;
+    const CountMass below = exclusive_scan(mine, total);
+    if (by_mass && frac > 0.f) target_mass = frac * total.m;
+    int hit = 0x7fffffff, last = -1;
+    Crossing at_hit = {0, 0u, 0.f, 0.f}, at_last = {0, 0u, 0.f, 0.f};
+    CountMass cum = below;
+    if (first < nbins) {
+#pragma unroll
+      for (int j = 0; j < WR_PER_THREAD; ++j) {
+        const Crossing here = {first + j, cum.c, cum.m, ms[j]};
+        cum.c += cnt[j]; cum.m += ms[j];
+        const bool reach = cnt[j] > 0u && (by_mass ? cum.m >= target_mass : cum.c >= target_count);
+        if (reach && hit == 0x7fffffff) { hit = first + j; at_hit = here; }
+        if (cnt[j] > 0u) { last = first + j; at_last = here; }
+      }
+    }
+    const int win = block_reduce(hit, MinInt(), red);
+    if (win != 0x7fffffff) {
+      if (hit == win) *found = at_hit;
+    } else {
+      const int fallback = block_reduce(last, MaxInt(), red);
+      if (last == fallback && last >= 0) *found = at_last;
+    }
+    __syncthreads();
+    const Crossing out = *found;
+    __syncthreads();
+    return out;
+  }
+
+  // The smallest key K (among keys <= limit) whose cumulative count reaches target_count, or
+  // (by_mass) whose cumulative mass reaches frac x the mass of keys <= limit. *mass_le gets the
+  // mass of keys <= K (when want_mass).
+  __device__ unsigned select(unsigned limit, bool by_mass, bool want_mass, float frac, unsigned target_count,
+                             float* mass_le) {
+    const int shifts[3] = {20, 10, 0}, widths[3] = {11, 10, 10};
+    unsigned prefix = 0u;
+    float target_mass = 0.f, mass_below = 0.f;
+    Crossing x = {0, 0u, 0.f, 0.f};
+#pragma unroll
+    for (int p = 0; p < 3; ++p) {
+      x = pass_once(prefix, shifts[p], widths[p], limit, by_mass, want_mass || by_mass, p == 0 ? frac : 0.f,
+                    target_count, target_mass);
+      prefix = (prefix << widths[p]) | (unsigned)x.bin;
+      target_count -= x.count_below;
+      target_mass -= x.mass_below;
+      mass_below += x.mass_below;
+    }
+    *mass_le = mass_below + x.mass_bin;
+    return prefix;
+  }
+};
+
+template <class T>
+__global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS, 1) warp_rows_kernel(
+    const typename T::storage* __restrict__ draft, const typename T::storage* __restrict__ target,
+    const int* __restrict__ lengths, const float* __restrict__ temps, float temp_scalar, int greedy_all,
+    const int* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ span,
+    int B, int G, int V, int C, int* __restrict__ err, float* __restrict__ record) {
+  __shared__ WarpHist hist[2];
+  __shared__ RaceBest best_red[SS_WARPS];
+  __shared__ CountMass scan[SS_WARPS];
+  __shared__ int red[SS_WARPS];
+  __shared__ float sum_red[SS_WARPS];
+  __shared__ Crossing found;
+  __shared__ RaceBest block_best;   // read by the peers: this block's maximum and first argmax
+  __shared__ int block_bad;
+  __shared__ float block_mass;
+  extern __shared__ float vals[];   // C entries: this block's slice of the row
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int R = 2 * G + 1;
+  const int row = blockIdx.x / WR_CLUSTER, rank = (int)cluster.block_rank();
+  const int b = row / R, r = row % R;
+  const bool is_target = r <= G;
+  const int i = is_target ? r : r - G - 1;
+  // The request's temperature and length by verify_kernel's rules (its request()).
+  float t = temps ? temps[b] : temp_scalar;
+  if (!(t >= 0.f && t < WR_INF)) t = 1.f;
+  const bool greedy = greedy_all || t == 0.f;
+  const float inv_t = greedy ? 1.f : 1.f / t;
+  int L = lengths ? lengths[b] : G;
+  L = min(max(L, 0), G);
+  const bool active = is_target ? i <= L : (i < L && !greedy && draft != nullptr);
+  if (!active) return;   // the whole cluster leaves together, before any cluster barrier
+  const typename T::storage* src = (is_target ? target + ((long long)b * (G + 1) + i) * V
+                                              : draft + ((long long)b * G + i) * V);
+  const int lo = rank * C;
+  const int n = max(0, min(C, V - lo));
+
+  // 1. Copy the slice; maximum, first argmax and the NaN/+Inf check.
+  RaceBest best = {-WR_INF, 0x7fffffff};
+  bool bad = false;
+  for (int k = threadIdx.x; k < n; k += SS_THREADS) {
+    const float v = decode<T>(src[lo + k]);
+    vals[k] = v;
+    bad |= !(v < WR_INF);
+    if (v > best.key) { best.key = v; best.idx = lo + k; }
+  }
+  best = block_reduce(best, BetterRace(), best_red);
+  const int any_bad = __syncthreads_or(bad);
+  if (threadIdx.x == 0) { block_best = best; block_bad = any_bad; }
+  if (any_bad && threadIdx.x == 0) atomicOr(err + b, is_target ? SS_ERR_TARGET : SS_ERR_DRAFT);
+  cluster.sync();
+  RaceBest top = {-WR_INF, 0x7fffffff};
+  int row_bad = 0;
+  for (int k = 0; k < WR_CLUSTER; ++k) {
+    top = better(top, *cluster.map_shared_rank(&block_best, k));
+    row_bad |= *cluster.map_shared_rank(&block_bad, k);
+  }
+  const float M = top.key;
+  float dmax = WR_INF, mass = 1.f;
+  // 2. Thresholds, for sampled rows with mass and valid values (bad rows are errors anyway).
+  const bool warp = !greedy && !row_bad && M > -WR_INF;
+  RowSelect sel;
+  sel.vals = vals; sel.n = n; sel.M = M;
+  sel.c = inv_t * WR_LOG2E; sel.mc = M * sel.c;
+  sel.hist = hist; sel.pass = 0; sel.scan = scan; sel.red = red; sel.found = &found;
+  if (warp) {
+    const int k = top_k[b];
+    const float p = top_p[b];
+    dmax = span[b];
+    unsigned limit = 0xffffffffu;
+    if (k > 0 && k < V) {
+      float mass_k;
+      limit = sel.select(0xffffffffu, false, p < 1.f, 0.f, (unsigned)k, &mass_k);
+      dmax = fminf(dmax, __uint_as_float(limit));
+    }
+    if (p < 1.f) {
+      float unused;
+      const unsigned key = sel.select(limit, true, true, p, 0u, &unused);
+      dmax = fminf(dmax, __uint_as_float(key));
+    }
+    // 3. The kept mass.
+    float part = 0.f;
+    for (int k2 = threadIdx.x; k2 < n; k2 += SS_THREADS) {
+      const float v = vals[k2];
+      if (M - v <= dmax) part += sel.mass_of(v);
+    }
+    part = block_reduce(part, AddFloat(), sum_red);
+    if (threadIdx.x == 0) block_mass = part;
+    cluster.sync();
+    if (rank == 0 && threadIdx.x == 0) {
+      mass = 0.f;
+      for (int q = 0; q < WR_CLUSTER; ++q) mass += *cluster.map_shared_rank(&block_mass, q);
+    }
+  }
+  if (rank == 0 && threadIdx.x == 0) {
+    float* rec = record + (long long)row * SS_RECORD;
+    rec[SS_REC_M] = M * inv_t;
+    rec[SS_REC_S] = mass;
+    rec[SS_REC_ARG] = __int_as_float(top.idx);
+    rec[SS_REC_MAX] = M;
+    rec[SS_REC_DMAX] = dmax;
+  }
+  cluster.sync();   // no block leaves while a peer may still read its shared memory
+}
+
+// The instantiations kernels.py launches (named here too so that an offline nvcc compiles them).
+#define WR_ARGS(S) const S*, const S*, const int*, const float*, float, int, const int*, const float*, \
+    const float*, int, int, int, int, int*, float*
+template __global__ void warp_rows_kernel<f32>(WR_ARGS(float));
+template __global__ void warp_rows_kernel<f16>(WR_ARGS(unsigned short));
+template __global__ void warp_rows_kernel<bf16>(WR_ARGS(unsigned short));
