@@ -17,10 +17,12 @@ from specsample_cupy.verify import verify
 _NO_DRAFTS = {}
 
 
-def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, logits_dtype=None, _out=None):
+def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None,
+                  logits_dtype=None, _out=None):
     """Sample ids from logits [B, V] (NumPy or CuPy, float32/float16/bfloat16).
 
     temperature: scalar or [B]; 0 takes the argmax (first index on ties).
+    top_k, top_p, min_p: truncated sampling, as verify() (None, a scalar or [B] each).
     Returns [B] int32 of the input's module; on CuPy, rows with NaN/+Inf logits give -1 and rows
     with no finite logit -2 (callers check: decode_host raises, decode_device reports an error).
     (_out: the decoder's reused int32 buffer of 4B elements for the fast path; the result is a view
@@ -30,14 +32,16 @@ def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, logits_dtype=Non
         raise ValueError(f"logits must be [B, V], got shape {logits.shape}")
     B, V = logits.shape
     module = type(logits).__module__.split(".")[0]
-    if (module == "cupy" and logits.dtype.char in "fe" and logits.flags.c_contiguous and logits_dtype is None
+    warped = top_k is not None or top_p is not None or min_p is not None
+    if (module == "cupy" and not warped and logits.dtype.char in "fe" and logits.flags.c_contiguous
+            and logits_dtype is None
             and isinstance(temperature, (float, int, Real)) and 0 <= temperature < float("inf")
             and isinstance(seed, int) and isinstance(offset, int)):
         return _sample_on_gpu(logits, float(temperature), seed, offset, _out)
     xp = np if module == "numpy" else __import__(module)
     res = verify(xp.zeros((B, 0), xp.int32), xp.empty((B, 0, V), logits.dtype), logits[:, None, :],
                  temperature=temperature, seed=seed, offset=offset, logits_dtype=logits_dtype,
-                 _race_purpose=PURPOSE_SAMPLE)
+                 top_k=top_k, top_p=top_p, min_p=min_p, _race_purpose=PURPOSE_SAMPLE)
     return res.tokens[:, 0]
 
 

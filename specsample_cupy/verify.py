@@ -5,11 +5,13 @@ import numpy as np
 
 from specsample_cupy import errors
 from specsample_cupy.philox import PURPOSE_RESIDUAL
+from specsample_cupy.warps import make_warps, warp_request_rows
 
 # "sigmoid-paper" is method="sigmoid" with sigmoid_variant="paper" (one name for tables and the CLI).
 METHODS = ("exact", "sigmoid", "sigmoid-paper", "baseline", "greedy")
 SAMPLING_ONLY = ("sigmoid", "sigmoid-paper", "baseline")   # no greedy mode: temperature must be > 0
 ONEHOT_METHODS = ("exact", "greedy")                        # accept draft_logits=None (one-hot drafts)
+WARP_METHODS = ("exact", "greedy")                          # accept top_k / top_p / min_p
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # The paper's released code: sigmoid((z + 10000) / 20000).
 SIGMOID_OFFSET, SIGMOID_SCALE = -10000.0, 20000.0
@@ -147,7 +149,7 @@ def _check_seed(arg, v, xp):
 def verify(draft_tokens, draft_logits, target_logits, *, method="exact", temperature=1.0, seed=0,
            offset=0, draft_lengths=None, probs=False, sigmoid_offset=SIGMOID_OFFSET,
            sigmoid_scale=SIGMOID_SCALE, sigmoid_variant="softmax-bonus", logits_dtype=None, plan=None,
-           _race_purpose=PURPOSE_RESIDUAL):
+           top_k=None, top_p=None, min_p=None, _race_purpose=PURPOSE_RESIDUAL):
     """Verify gamma draft tokens per request against the target model.
 
     Args:
@@ -186,6 +188,18 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
             CuPy kernels (tuning, tests, line info for compute-sanitizer); the result does not
             depend on them except through the vocabulary slicing's float rounding. Ignored by
             NumPy inputs and by method="baseline".
+        top_k, top_p, min_p: None, a scalar or a [B] array each; truncated sampling of both models'
+            rows of request b (one-hot drafts: the target's rows only), in Hugging Face's order:
+            temperature, top-k, top-p (mass within the top-k set), min-p. With M = max z and
+            d = float32(M - z) per row, an entry is kept iff d <= dmax, the smallest of: the k-th
+            smallest d (top_k: int >= 0, 0 or >= V = off); the first d, ascending, at which the
+            cumulative softmax(z / T) mass over the top-k set reaches top_p of it (top_p in (0, 1],
+            1 = off); float32(-T ln(min_p)) (min_p in [0, 1], 0 = off: p >= min_p * p_max).
+            Ties at a threshold are kept. Exactness then holds for the warped distributions
+            (softmax(z / T) over the kept entries, renormalised). Greedy requests ignore them.
+            Methods "exact" and "greedy" with logits only (active warps with probs=True or
+            another method raise ValueError); a bad value raises ValueError naming the argument.
+            specsample_cupy/warps.py states the rule in full.
 
     Returns:
         VerifyResult(accepted [B], tokens [B, gamma+1], emitted [B], error [B]), int32 arrays of
@@ -224,6 +238,7 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    method_arg = method
     if method == "sigmoid-paper":
         method, sigmoid_variant = "sigmoid", "paper"
     onehot = draft_logits is None
@@ -254,6 +269,10 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
         raise ValueError(f"sigmoid_variant must be one of {SIGMOID_VARIANTS}, got {sigmoid_variant!r}")
     for arg, v in (("seed", seed), ("offset", offset)):
         _check_seed(arg, v, xp)
+    warps = make_warps(xp, B, target_logits.shape[2], temps, temp_scalar, top_k, top_p, min_p)
+    if warps is not None and (probs or method not in WARP_METHODS):
+        raise ValueError(f"top_k/top_p/min_p work with methods {WARP_METHODS} on logits, "
+                         f"not method={method_arg!r}" + (" with probs=True" if probs else ""))
     if plan is not None:
         from specsample_cupy.kernels import PlanOptions
         if not isinstance(plan, PlanOptions):
@@ -270,7 +289,7 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
         for a in (draft_tokens, draft_logits, target_logits))
     run = _verify_cpu if xp is np else _verify_gpu
     return run(draft_tokens, draft_logits, target_logits, lengths, temps, temp_scalar, dtype_name, method, mode,
-               seed, offset, sigmoid_offset, sigmoid_scale, _race_purpose, plan)
+               seed, offset, sigmoid_offset, sigmoid_scale, _race_purpose, plan, warps=warps)
 
 
 def _as_float(a, dtype_name):
@@ -292,13 +311,22 @@ def _onehot_rows(draft_tokens, target, mode):
 
 
 def _verify_cpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_name, method, mode,
-                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan):
+                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan, warps=None):
     from specsample_cupy.reference import reference_verify
     B, G = draft_tokens.shape
     target = _as_float(target, dtype_name)
-    draft = _onehot_rows(draft_tokens, target, mode) if draft is None else _as_float(draft, dtype_name)
+    draft = None if draft is None else _as_float(draft, dtype_name)
     lengths = np.full(B, G, np.int64) if lengths is None else lengths.astype(np.int64)
     temps = np.full(B, temp_scalar, np.float64) if temps is None else temps.astype(np.float64)
+    if warps is not None and method != "greedy":
+        # Warp the rows the reference may read (target 0..L, draft 0..L-1), then verify as usual:
+        # exactness for the warped distributions is the plain rule applied to them.
+        L = np.clip(lengths, 0, G)[:, None]
+        target = warp_request_rows(target, temps, warps, np.arange(G + 1)[None, :] <= L)
+        if draft is not None:
+            draft = warp_request_rows(draft, temps, warps, np.arange(G)[None, :] < L)
+    if draft is None:
+        draft = _onehot_rows(draft_tokens, target, mode)
     if method == "baseline":
         from specsample_cupy.baseline import baseline_verify
         return VerifyResult.from_arrays(np, *baseline_verify(
@@ -311,8 +339,10 @@ def _verify_cpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
 
 
 def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_name, method, mode,
-                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan):
+                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan, warps=None):
     import cupy
+    if method == "greedy":
+        warps = None        # the argmax is always kept: greedy verification is unchanged
     B, G = draft_tokens.shape
     if method == "baseline":
         from specsample_cupy.baseline import baseline_verify
@@ -325,10 +355,12 @@ def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
     from specsample_cupy import kernels
     kmode = {"logits": kernels.MODE_LOGITS, "probs": kernels.MODE_PROBS, "sigmoid": kernels.MODE_SIGMOID,
              "sigmoid-paper": kernels.MODE_SIGMOID_PAPER}[mode]
+    if warps is not None:
+        kmode = kernels.MODE_WARPED
     out = kernels.launch(draft_tokens, draft, target, dtype_name=dtype_name, lengths=lengths, temps=temps,
                          temp_scalar=temp_scalar, seed=seed, offset=offset, mode=kmode,
                          sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale, race_purpose=race_purpose,
-                         greedy=method == "greedy", options=plan)
+                         greedy=method == "greedy", options=plan, warps=warps)
     return VerifyResult(out, B)
 
 
