@@ -12,12 +12,15 @@
 // and everything after works on shared memory, with the cluster's blocks exchanging through
 // distributed shared memory (DSMEM) at cluster barriers:
 //   1. the row maximum M and first argmax, and the NaN/+Inf check;
-//   2. top-k and top-p: a radix select over the bits of d (non-negative floats order like their
-//      bits): three passes of 11, 10 and 10 bits. Each block histograms its slice's entries that
-//      match the prefix found so far (count and/or mass), the cluster synchronises, and every block
-//      sums the WR_CLUSTER histograms in rank order, so each holds identical totals and finds the
-//      same bin where the cumulative count / mass reaches the target (a block-wide scan). Two
-//      histogram buffers alternate, so the next pass never overwrites one a peer is still reading;
+//   2. top-k and top-p: a select over d: first WR_BINS bins linear in d over all entries (spread
+//      out, so shared-memory atomics rarely collide), then a radix select over the bits of d
+//      (non-negative floats order like their bits; 11, 10 and 10 bits) among the entries of the
+//      linear bin chosen. Each pass: every block histograms its slice (count and/or mass), the
+//      cluster synchronises, block k sums chunk k of the bins over the cluster (reduce-scatter:
+//      each bin crosses DSMEM once) and scans it, the chunk totals are exchanged, and the first bin
+//      where the cumulative count / mass reaches the target is taken from the lowest chunk that
+//      holds one. Sums run in rank order, so every block computes the same thresholds. Two
+//      histogram buffers alternate, so a pass never overwrites one a peer is still reading;
 //   3. the kept mass E = sum over d <= dmax of exp((z - M) / T), per block, then over ranks.
 // Rank 0 writes the row's record (M / T, E, argmax, M, dmax); verify_kernel (SS_MODE_WARPED) reads
 // it instead of computing statistics, and gives entries with M - z > dmax no probability.
@@ -35,7 +38,7 @@ namespace cg = cooperative_groups;
 #define WR_BINS 2048          // the widest pass: 11 bits
 #define WR_INF __int_as_float(0x7f800000)
 #define WR_LOG2E 1.4426950408889634f
-#define WR_PER_THREAD (WR_BINS / SS_THREADS)
+#define WR_UNROLL 8           // loads in flight per thread while copying the slice
 
 struct WarpHist {
   unsigned count[WR_BINS];
@@ -60,6 +63,9 @@ struct MinInt {
 struct MaxInt {
   __device__ int operator()(int a, int b) const { return a > b ? a : b; }
 };
+struct MaxFloat {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
 struct AddFloat {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
@@ -69,11 +75,16 @@ struct RowSelect {
   const float* vals;   // this block's slice, decoded
   int n;               // its length
   float M, c, mc;      // row maximum; log2(e) / T; M * c
+  float dtop;          // the largest finite d of the row (M - its smallest finite entry)
   WarpHist* hist;      // two buffers, alternating by pass
   int pass;
   CountMass* scan;     // SS_WARPS entries
   int* red;            // SS_WARPS ints
-  Crossing* found;
+  // Read by the peers within a pass: this block's chunk total, its chunk's crossing [0] and last
+  // non-empty bin [1], and whether it has them.
+  CountMass* chunk_total;
+  Crossing* cross;
+  int* flags;
 
   // exp((z - M) / T), as verify_kernel weighs an entry.
   __device__ __forceinline__ float mass_of(float v) const { return ex2_approx(fmaf(v, c, -mc)); }
@@ -102,88 +113,113 @@ struct RowSelect {
     return CountMass{before.c + inc.c - x.c, before.m + inc.m - x.m};
   }
 
-  // One radix pass over the entries with key <= limit whose bits above shift + width equal prefix,
-  // binned by the next `width` bits (key = bits of M - z). Sets *found to the first bin whose
+  // Linear bins over d in [0, dtop] (the first level: entries spread over the bins, so the
+  // shared-memory atomics rarely collide), monotone in d.
+  __device__ __forceinline__ int linear_bin(float d, float scale) const {
+    const float f = d * scale;
+    return f < (float)(WR_BINS - 1) ? (int)f : WR_BINS - 1;
+  }
+
+  // One pass over the entries with key <= limit (key = bits of d = M - z): shift < 0 bins them
+  // linearly (WR_BINS bins, `scale`); else it keeps those in linear bin `lin` whose key bits above
+  // shift + width equal prefix, binned by the next `width` bits. Returns the first bin whose
   // cumulative count (by_mass: mass) reaches the target, or, when float rounding leaves none
   // reaching it, the last non-empty bin. by_mass with frac > 0 first sets target_mass to frac x
   // the pass's total mass. Masses are histogrammed only when want_mass.
-  __device__ Crossing pass_once(unsigned prefix, int shift, int width, unsigned limit, bool by_mass,
-                                bool want_mass, float frac, unsigned target_count, float& target_mass) {
+  __device__ Crossing pass_once(unsigned prefix, int shift, int width, unsigned limit, float scale, int lin,
+                                bool by_mass, bool want_mass, float frac, unsigned target_count,
+                                float& target_mass) {
     WarpHist& h = hist[pass++ & 1];
-    const int nbins = 1 << width;
+    const int nbins = shift < 0 ? WR_BINS : 1 << width;
     for (int i = threadIdx.x; i < nbins; i += SS_THREADS) { h.count[i] = 0u; h.mass[i] = 0.f; }
     __syncthreads();
     const unsigned mask = (unsigned)nbins - 1u;
     const int top = shift + width;
     for (int i = threadIdx.x; i < n; i += SS_THREADS) {
       const float v = vals[i];
-      const unsigned key = __float_as_uint(M - v);
-      if (key > limit || (top < 32 && (key >> top) != prefix)) continue;
-      const unsigned bin = (key >> shift) & mask;
+      const float d = M - v;
+      const unsigned key = __float_as_uint(d);
+      if (key > limit) continue;
+      unsigned bin;
+      if (shift < 0) {
+        bin = (unsigned)linear_bin(d, scale);
+      } else {
+        if ((lin >= 0 && linear_bin(d, scale) != lin) || (top < 32 && (key >> top) != prefix)) continue;
+        bin = (key >> shift) & mask;
+      }
       atomicAdd(&h.count[bin], 1u);
       if (want_mass) atomicAdd(&h.mass[bin], mass_of(v));
     }
-    cg::this_cluster().sync();
-    // This thread's bins summed over the cluster in rank order: every block gets identical sums.
-    const int first = threadIdx.x * WR_PER_THREAD;
-    unsigned cnt[WR_PER_THREAD];
-    float ms[WR_PER_THREAD];
-#pragma unroll
-    for (int j = 0; j < WR_PER_THREAD; ++j) { cnt[j] = 0u; ms[j] = 0.f; }
-    if (first < nbins) {
-      for (int r = 0; r < WR_CLUSTER; ++r) {
-        const WarpHist* peer = cg::this_cluster().map_shared_rank(&h, r);
-#pragma unroll
-        for (int j = 0; j < WR_PER_THREAD; ++j) {
-          cnt[j] += peer->count[first + j];
-          if (want_mass) ms[j] += peer->mass[first + j];
-        }
-      }
-    }
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    // Reduce-scatter: block `rank` sums its chunk of the bins over the cluster (one bin per thread),
+    // so each histogram entry crosses DSMEM once.
+    const int rank = (int)cluster.block_rank();
+    const int chunk = nbins / WR_CLUSTER;
+    const int mybin = rank * chunk + threadIdx.x;
     CountMass mine = {0u, 0.f};
+    if ((int)threadIdx.x < chunk) {
 #pragma unroll
-    for (int j = 0; j < WR_PER_THREAD; ++j) { mine.c += cnt[j]; mine.m += ms[j]; }
-    CountMass total;
-    const CountMass below = exclusive_scan(mine, total);
-    if (by_mass && frac > 0.f) target_mass = frac * total.m;
-    int hit = 0x7fffffff, last = -1;
-    Crossing at_hit = {0, 0u, 0.f, 0.f}, at_last = {0, 0u, 0.f, 0.f};
-    CountMass cum = below;
-    if (first < nbins) {
-#pragma unroll
-      for (int j = 0; j < WR_PER_THREAD; ++j) {
-        const Crossing here = {first + j, cum.c, cum.m, ms[j]};
-        cum.c += cnt[j]; cum.m += ms[j];
-        const bool reach = cnt[j] > 0u && (by_mass ? cum.m >= target_mass : cum.c >= target_count);
-        if (reach && hit == 0x7fffffff) { hit = first + j; at_hit = here; }
-        if (cnt[j] > 0u) { last = first + j; at_last = here; }
+      for (int r = 0; r < WR_CLUSTER; ++r) {
+        const WarpHist* peer = cluster.map_shared_rank(&h, r);
+        mine.c += peer->count[mybin];
+        if (want_mass) mine.m += peer->mass[mybin];
       }
     }
-    const int win = block_reduce(hit, MinInt(), red);
-    if (win != 0x7fffffff) {
-      if (hit == win) *found = at_hit;
-    } else {
-      const int fallback = block_reduce(last, MaxInt(), red);
-      if (last == fallback && last >= 0) *found = at_last;
+    CountMass chunk_sum;
+    const CountMass below_in_chunk = exclusive_scan(mine, chunk_sum);
+    if (threadIdx.x == 0) *chunk_total = chunk_sum;
+    cluster.sync();
+    // Every block: the chunks' totals in rank order (identical everywhere), the target, and the
+    // cumulative count / mass before this block's chunk.
+    CountMass total = {0u, 0.f}, before_chunk = {0u, 0.f};
+#pragma unroll
+    for (int r = 0; r < WR_CLUSTER; ++r) {
+      const CountMass t = *cluster.map_shared_rank(chunk_total, r);
+      if (r < rank) { before_chunk.c += t.c; before_chunk.m += t.m; }
+      total.c += t.c; total.m += t.m;
     }
-    __syncthreads();
-    const Crossing out = *found;
-    __syncthreads();
+    if (by_mass && frac > 0.f) target_mass = frac * total.m;
+    // This chunk's first bin reaching the target, and its last non-empty bin (the fallback).
+    const Crossing here = {mybin, before_chunk.c + below_in_chunk.c, before_chunk.m + below_in_chunk.m, mine.m};
+    const bool reach = (int)threadIdx.x < chunk && mine.c > 0u &&
+        (by_mass ? here.mass_below + mine.m >= target_mass : here.count_below + mine.c >= target_count);
+    const int hit = block_reduce(reach ? mybin : 0x7fffffff, MinInt(), red);
+    const int last = block_reduce((int)threadIdx.x < chunk && mine.c > 0u ? mybin : -1, MaxInt(), red);
+    if (reach && mybin == hit) cross[0] = here;
+    if (last >= 0 && mybin == last) cross[1] = here;
+    if (threadIdx.x == 0) { flags[0] = hit != 0x7fffffff; flags[1] = last >= 0; }
+    cluster.sync();
+    // The lowest rank with a hit has the crossing; without one, the highest non-empty bin.
+    Crossing out = {WR_BINS - 1, total.c, total.m, 0.f};
+    bool done = false;
+    for (int r = 0; r < WR_CLUSTER && !done; ++r) {
+      if (*cluster.map_shared_rank(&flags[0], r)) { out = cluster.map_shared_rank(cross, r)[0]; done = true; }
+    }
+    for (int r = WR_CLUSTER - 1; r >= 0 && !done; --r) {
+      if (*cluster.map_shared_rank(&flags[1], r)) { out = cluster.map_shared_rank(cross, r)[1]; done = true; }
+    }
     return out;
   }
 
-  // The smallest key K (among keys <= limit) whose cumulative count reaches target_count, or
-  // (by_mass) whose cumulative mass reaches frac x the mass of keys <= limit. *mass_le gets the
-  // mass of keys <= K (when want_mass).
+  // First a linear level over all the entries, then three radix passes (11, 10, 10 bits) over the
+  // entries of the linear bin it chose only: few entries, so collisions there cost little.
   __device__ unsigned select(unsigned limit, bool by_mass, bool want_mass, float frac, unsigned target_count,
                              float* mass_le) {
+    const float span = fminf(dtop, __uint_as_float(limit));
+    const float scale = span > 0.f ? (float)WR_BINS / span : 0.f;
+    float target_mass = 0.f;
+    Crossing x = pass_once(0u, -1, 0, limit, scale, -1, by_mass, want_mass || by_mass, frac, target_count,
+                           target_mass);
+    const int lin = x.bin;
+    target_count -= x.count_below;
+    target_mass -= x.mass_below;
+    float mass_below = x.mass_below;
     const int shifts[3] = {20, 10, 0}, widths[3] = {11, 10, 10};
     unsigned prefix = 0u;
-    float target_mass = 0.f, mass_below = 0.f;
-    Crossing x = {0, 0u, 0.f, 0.f};
 #pragma unroll
     for (int p = 0; p < 3; ++p) {
-      x = pass_once(prefix, shifts[p], widths[p], limit, by_mass, want_mass || by_mass, p == 0 ? frac : 0.f,
+      x = pass_once(prefix, shifts[p], widths[p], limit, scale, lin, by_mass, want_mass || by_mass, 0.f,
                     target_count, target_mass);
       prefix = (prefix << widths[p]) | (unsigned)x.bin;
       target_count -= x.count_below;
@@ -206,9 +242,12 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS,
   __shared__ CountMass scan[SS_WARPS];
   __shared__ int red[SS_WARPS];
   __shared__ float sum_red[SS_WARPS];
-  __shared__ Crossing found;
+  __shared__ CountMass chunk_total;
+  __shared__ Crossing cross[2];
+  __shared__ int flags[2];
   __shared__ RaceBest block_best;   // read by the peers: this block's maximum and first argmax
   __shared__ int block_bad;
+  __shared__ float block_low;
   __shared__ float block_mass;
   extern __shared__ float vals[];   // C entries: this block's slice of the row
 
@@ -232,25 +271,40 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS,
   const int lo = rank * C;
   const int n = max(0, min(C, V - lo));
 
-  // 1. Copy the slice; maximum, first argmax and the NaN/+Inf check.
+  // 1. Copy the slice (WR_UNROLL loads in flight per thread); maximum, first argmax, smallest
+  // finite entry and the NaN/+Inf check.
   RaceBest best = {-WR_INF, 0x7fffffff};
+  float low = WR_INF;
   bool bad = false;
-  for (int k = threadIdx.x; k < n; k += SS_THREADS) {
-    const float v = decode<T>(src[lo + k]);
-    vals[k] = v;
-    bad |= !(v < WR_INF);
-    if (v > best.key) { best.key = v; best.idx = lo + k; }
+  for (int base = threadIdx.x; base < n; base += WR_UNROLL * SS_THREADS) {
+    float v[WR_UNROLL];
+#pragma unroll
+    for (int u = 0; u < WR_UNROLL; ++u) {
+      const int k = base + u * SS_THREADS;
+      v[u] = k < n ? decode<T>(src[lo + k]) : -WR_INF;
+    }
+#pragma unroll
+    for (int u = 0; u < WR_UNROLL; ++u) {
+      const int k = base + u * SS_THREADS;
+      if (k < n) vals[k] = v[u];
+      bad |= !(v[u] < WR_INF);
+      if (v[u] > best.key) { best.key = v[u]; best.idx = lo + k; }
+      if (v[u] > -WR_INF) low = fminf(low, v[u]);
+    }
   }
   best = block_reduce(best, BetterRace(), best_red);
+  low = -block_reduce(-low, MaxFloat(), sum_red);
   const int any_bad = __syncthreads_or(bad);
-  if (threadIdx.x == 0) { block_best = best; block_bad = any_bad; }
+  if (threadIdx.x == 0) { block_best = best; block_bad = any_bad; block_low = low; }
   if (any_bad && threadIdx.x == 0) atomicOr(err + b, is_target ? SS_ERR_TARGET : SS_ERR_DRAFT);
   cluster.sync();
   RaceBest top = {-WR_INF, 0x7fffffff};
   int row_bad = 0;
+  float row_low = WR_INF;
   for (int k = 0; k < WR_CLUSTER; ++k) {
     top = better(top, *cluster.map_shared_rank(&block_best, k));
     row_bad |= *cluster.map_shared_rank(&block_bad, k);
+    row_low = fminf(row_low, *cluster.map_shared_rank(&block_low, k));
   }
   const float M = top.key;
   float dmax = WR_INF, mass = 1.f;
@@ -259,7 +313,9 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS,
   RowSelect sel;
   sel.vals = vals; sel.n = n; sel.M = M;
   sel.c = inv_t * WR_LOG2E; sel.mc = M * sel.c;
-  sel.hist = hist; sel.pass = 0; sel.scan = scan; sel.red = red; sel.found = &found;
+  sel.dtop = row_low < WR_INF ? M - row_low : 0.f;
+  sel.hist = hist; sel.pass = 0; sel.scan = scan; sel.red = red;
+  sel.chunk_total = &chunk_total; sel.cross = cross; sel.flags = flags;
   if (warp) {
     const int k = top_k[b];
     const float p = top_p[b];
