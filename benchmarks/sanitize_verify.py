@@ -27,7 +27,8 @@ bad = 0
 for V in (37, 1024):
     for dtype in ("float32", "float16"):
         for method, probs in (("exact", False), ("exact", True), ("sigmoid", False), ("sigmoid-paper", False),
-                              ("greedy", False), ("greedy", True), ("exact-onehot", False)):
+                              ("greedy", False), ("greedy", True), ("exact-onehot", False),
+                              ("exact-warped", False)):
             if (args.method and method != args.method) or (args.dtype and dtype != args.dtype):
                 continue
             B, G = 6, 4
@@ -45,7 +46,9 @@ for V in (37, 1024):
             # The sigmoid methods with a steep sigmoid, so rejections (and their residual paths) happen.
             kw = dict(sigmoid_offset=0.0, sigmoid_scale=1.0) if method.startswith("sigmoid") else {}
             onehot = method == "exact-onehot"     # draft_logits=None: no draft rows read
-            call = "exact" if onehot else method
+            call = "exact" if method.startswith("exact") else method
+            if method == "exact-warped":        # truncation: warp_rows.cu, then the warped mode
+                kw = dict(top_k=5, top_p=0.9, min_p=0.05)
             cpu = verify(tokens, None if onehot else d16.astype(np.float32), t16.astype(np.float32), method=call,
                          probs=probs, seed=1, draft_lengths=lengths, **kw)
             for plan in plans:
