@@ -308,8 +308,10 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS,
   }
   const float M = top.key;
   float dmax = WR_INF, mass = 1.f;
-  // 2. Thresholds, for sampled rows with mass and valid values (bad rows are errors anyway).
-  const bool warp = !greedy && !row_bad && M > -WR_INF;
+  // 2. Thresholds, for sampled rows with mass and valid values (bad rows are errors anyway). Greedy
+  // rows keep everything; their mass (at temperature 1) serves the log-probabilities.
+  const bool has_mass = !row_bad && M > -WR_INF;
+  const bool warp = !greedy && has_mass;
   RowSelect sel;
   sel.vals = vals; sel.n = n; sel.M = M;
   sel.c = inv_t * WR_LOG2E; sel.mc = M * sel.c;
@@ -331,6 +333,8 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS,
       const unsigned key = sel.select(limit, true, true, p, 0u, &unused);
       dmax = fminf(dmax, __uint_as_float(key));
     }
+  }
+  if (has_mass) {
     // 3. The kept mass.
     float part = 0.f;
     for (int k2 = threadIdx.x; k2 < n; k2 += SS_THREADS) {
@@ -356,9 +360,39 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS,
   cluster.sync();   // no block leaves while a peer may still read its shared memory
 }
 
+// Log-probabilities of verify's emitted tokens under the (truncated) target distributions they were
+// drawn from, from the same rows' records: log p(x) = (z_x - M) / T - log E (greedy requests: at
+// temperature 1, untruncated); -inf past a request's emitted tokens and for requests with errors.
+// One thread per (request, position); out is verify's [accepted B | emitted B | error B | tokens].
+template <class T>
+__global__ void __launch_bounds__(SS_THREADS) emitted_logprobs_kernel(
+    const typename T::storage* __restrict__ target, const float* __restrict__ record, const int* __restrict__ out,
+    const float* __restrict__ temps, float temp_scalar, int greedy_all, int B, int G, int V,
+    float* __restrict__ logprobs) {
+  const long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= (long long)B * (G + 1)) return;
+  const int b = (int)(k / (G + 1)), j = (int)(k % (G + 1));
+  float lp = -WR_INF;
+  const int token = out[3 * B + k];
+  if (j < out[B + b] && token >= 0 && token < V) {
+    float t = temps ? temps[b] : temp_scalar;
+    if (!(t >= 0.f && t < WR_INF)) t = 1.f;
+    const float inv_t = greedy_all || t == 0.f ? 1.f : 1.f / t;
+    const float* rec = record + ((long long)b * (2 * G + 1) + j) * SS_RECORD;
+    const float z = decode<T>(target[((long long)b * (G + 1) + j) * V + token]);
+    if (rec[SS_REC_MAX] - z <= rec[SS_REC_DMAX])
+      lp = (z - rec[SS_REC_MAX]) * inv_t - logf(rec[SS_REC_S]);
+  }
+  logprobs[k] = lp;
+}
+
 // The instantiations kernels.py launches (named here too so that an offline nvcc compiles them).
 #define WR_ARGS(S) const S*, const S*, const int*, const float*, float, int, const int*, const float*, \
     const float*, int, int, int, int, int*, float*
 template __global__ void warp_rows_kernel<f32>(WR_ARGS(float));
 template __global__ void warp_rows_kernel<f16>(WR_ARGS(unsigned short));
 template __global__ void warp_rows_kernel<bf16>(WR_ARGS(unsigned short));
+#define LP_ARGS(S) const S*, const float*, const int*, const float*, float, int, int, int, int, float*
+template __global__ void emitted_logprobs_kernel<f32>(LP_ARGS(float));
+template __global__ void emitted_logprobs_kernel<f16>(LP_ARGS(unsigned short));
+template __global__ void emitted_logprobs_kernel<bf16>(LP_ARGS(unsigned short));

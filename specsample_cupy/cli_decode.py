@@ -256,21 +256,25 @@ class JsonlStream:
     "finish_reason"}, flushed), so a consumer can act on early finishers of a long batch; lines come in
     finish order and `index` says which prompt. finish() writes the requests not yet written."""
 
-    def __init__(self, tokenizer, prompts: list[Prompt], budgets: Budgets, stops=()):
+    def __init__(self, tokenizer, prompts: list[Prompt], budgets: Budgets, stops=(), early=True):
+        """early=False: every line at finish() (log-probabilities are known only then)."""
         self.tokenizer, self.prompts, self.budgets, self.stops = tokenizer, prompts, budgets, tuple(stops)
+        self.early = early
         self.ids = [[] for _ in prompts]
         self.written = [False] * len(prompts)
 
-    def _write(self, b: int, text: str, ids: list[int], reason: str):
+    def _write(self, b: int, text: str, ids: list[int], reason: str, logprobs=None):
         line = {"index": b, "source": self.prompts[b].source, "text": text, "token_ids": ids,
                 "finish_reason": reason}
+        if logprobs is not None:
+            line["logprobs"] = logprobs
         click.echo(json.dumps(line, ensure_ascii=False))
         self.written[b] = True
 
     def __call__(self, b: int, new_ids: list[int]):
         self.ids[b].extend(new_ids)
         reason = self.budgets.reason(b, self.ids[b])
-        if reason is not None and not self.written[b]:
+        if reason is not None and not self.written[b] and self.early:
             text = self.tokenizer.decode(self.ids[b], skip_special_tokens=True)
             if cut_text(text, self.stops)[1]:
                 return   # a stop string ended it: finish() writes the cut text and ids
@@ -279,7 +283,8 @@ class JsonlStream:
     def finish(self, out, reasons: list[str]):
         for b, written in enumerate(self.written):
             if not written:
-                self._write(b, out.texts[b], out.token_ids[b], reasons[b])
+                self._write(b, out.texts[b], out.token_ids[b], reasons[b],
+                            None if out.logprobs is None else out.logprobs[b])
 
 
 def warn_context_stops(prompts: list[Prompt], out, reasons: list[str], budgets: Budgets):
@@ -314,6 +319,15 @@ def warn_context_stops(prompts: list[Prompt], out, reasons: list[str], budgets: 
 @click.option("--stop", "stop_strings", multiple=True,
               help="Stop string; repeat for more. A request whose text contains one ends there (finish reason "
                    "\"stop\"; the text is cut before it).")
+@click.option("--top-k", type=click.IntRange(min=0), default=None,
+              help="Truncated sampling of both models: keep the k most likely tokens (ties kept; 0 = off).")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Keep the most likely tokens whose mass reaches P (within the top-k set; 1 = off).")
+@click.option("--min-p", type=click.FloatRange(0, 1), default=None,
+              help="Keep tokens with probability >= P x the most likely one's (0 = off).")
+@click.option("--logprobs", is_flag=True,
+              help="--json / --jsonl: each generated token's log-probability under the (truncated) target "
+                   "distribution it was drawn from.")
 @click.option("--echo", is_flag=True, help="Text mode: print each prompt before its generated text.")
 @click.option("--stats/--no-stats", default=True, show_default=True,
               help="Text and --jsonl modes: print the statistics table on stderr (--json includes them).")
@@ -322,7 +336,8 @@ def warn_context_stops(prompts: list[Prompt], out, reasons: list[str], budgets: 
 @click.option("--jsonl", "as_jsonl", is_flag=True,
               help="Print one JSON line per request as it finishes: index, source, text, token_ids, finish_reason.")
 def decode(target, draft, ngram_min, ngram_max, prompt_texts, prompt_file, max_new_tokens, gamma, method,
-           temperature, seed, device, adaptive_gamma, stop_strings, echo, stats, as_json, as_jsonl):
+           temperature, seed, device, adaptive_gamma, stop_strings, top_k, top_p, min_p, logprobs, echo, stats,
+           as_json, as_jsonl):
     """Generate text by speculative decoding (the draft proposes, the target verifies).
 
     stdout holds the generated text (a batch: each text under a `--- [i] ---` line, with
@@ -332,6 +347,8 @@ def decode(target, draft, ngram_min, ngram_max, prompt_texts, prompt_file, max_n
     """
     if as_json and as_jsonl:
         raise click.UsageError("--json and --jsonl are exclusive")
+    if logprobs and not (as_json or as_jsonl):
+        raise click.UsageError("--logprobs prints with --json or --jsonl")
     if method in SAMPLING_ONLY and temperature == 0:
         raise click.BadParameter(f"method {method!r} samples: use --temperature > 0, or --method greedy",
                                  param_hint="--temperature")
@@ -345,19 +362,22 @@ def decode(target, draft, ngram_min, ngram_max, prompt_texts, prompt_file, max_n
     budgets = Budgets(decoder, encode_all(decoder, prompts), max_new_tokens)
     stream = None
     if as_jsonl:
-        stream = JsonlStream(decoder.tokenizer, prompts, budgets, stop_strings)
+        stream = JsonlStream(decoder.tokenizer, prompts, budgets, stop_strings, early=not logprobs)
     elif len(prompts) == 1 and not as_json:
         stream = TextStream(decoder.tokenizer, prompts[0].text if echo else "", stop_strings)
     try:
         out = decoder.generate([p.text for p in prompts], max_new_tokens=max_new_tokens, gamma=gamma,
                                method=method, temperature=temperature, seed=seed, adaptive_gamma=adaptive_gamma,
-                               on_tokens=stream, stop=stop_strings)
+                               on_tokens=stream, stop=stop_strings, top_k=top_k, top_p=top_p, min_p=min_p,
+                               logprobs=logprobs)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     reasons = finish_reasons(out, budgets)
     if as_json:
-        click.echo(json.dumps({"texts": out.texts, "token_ids": out.token_ids, "finish_reasons": reasons,
-                               "stats": out.stats}, ensure_ascii=False))
+        result = {"texts": out.texts, "token_ids": out.token_ids, "finish_reasons": reasons, "stats": out.stats}
+        if logprobs:
+            result["logprobs"] = out.logprobs
+        click.echo(json.dumps(result, ensure_ascii=False))
     elif as_jsonl:
         stream.finish(out, reasons)
     elif stream is not None:

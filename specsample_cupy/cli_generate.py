@@ -23,8 +23,7 @@ from specsample_cupy.verify import SAMPLING_ONLY
 
 # `specsample decode`'s options that mean the same here (their click.Option objects, shared).
 DECODE_OPTIONS = ("target", "draft", "ngram_min", "ngram_max", "device", "method", "max_new_tokens", "stop_strings",
-                  "temperature",
-                  "seed", "adaptive_gamma")
+                  "top_k", "top_p", "min_p", "temperature", "seed", "adaptive_gamma")
 
 
 class GammaType(click.ParamType):
@@ -41,6 +40,11 @@ class GammaType(click.ParamType):
         if gamma < 0:
             self.fail(f"{value!r} is neither an integer >= 0 nor 'auto'", param, ctx)
         return gamma
+
+
+def truncation(top_k, top_p, min_p) -> dict:
+    """generate()'s top_k / top_p / min_p keywords for the options given."""
+    return {k: v for k, v in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)) if v is not None}
 
 
 def _with_decode_options(command: click.Command) -> click.Command:
@@ -151,7 +155,7 @@ def _summary(runner, read_as: str, already_done: int, rejected: int, wall_s: flo
               help="With --ray: join this Ray cluster ('auto': the one `ray start` runs on this machine) instead "
                    "of starting a local Ray sized for the workers.")
 def generate(input_path, output_path, target, draft, ngram_min, ngram_max, device, method, max_new_tokens,
-             stop_strings, temperature, seed, adaptive_gamma, input_format, batch_size, gamma, progress, on_ray, workers,
+             stop_strings, top_k, top_p, min_p, temperature, seed, adaptive_gamma, input_format, batch_size, gamma, progress, on_ray, workers,
              gpus_per_worker, ray_address):
     """Decode a dataset of requests into a JSONL file, resumably.
 
@@ -179,7 +183,7 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
         raise click.ClickException(f"{name}: no usable request ({len(rejections)} line(s) rejected)")
     if pool is not None:
         setup = WorkerSetup(name, target, draft, pool.device, ngram_min, ngram_max,
-                            DecodeOptions(method, gamma, adaptive_gamma, tuple(stop_strings)))
+                            DecodeOptions(method, gamma, adaptive_gamma, tuple(stop_strings), truncation(top_k, top_p, min_p)))
         generate_on_ray(requests, len(rejections), read_as, output_path, setup, pool, batch_size, progress)
         return
 
@@ -193,7 +197,7 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
         for _, why in refused:
             click.echo(f"{why}; skipped", err=True)
         rejected = len(rejections) + len(pending) - len(todo)
-        runner = Runner(decoder, writer, DecodeOptions(method, gamma, adaptive_gamma, tuple(stop_strings)), len(todo), progress)
+        runner = Runner(decoder, writer, DecodeOptions(method, gamma, adaptive_gamma, tuple(stop_strings), truncation(top_k, top_p, min_p)), len(todo), progress)
         try:
             for batch in batches(todo, batch_size):
                 runner.run(batch, lambda r: f"{name}:{r.line}")

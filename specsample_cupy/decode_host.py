@@ -21,6 +21,7 @@ import numpy as np
 from specsample_cupy import errors
 from specsample_cupy.decode_stats import Round
 from specsample_cupy.ngram import propose_ngram
+from specsample_cupy.philox import PURPOSE_SAMPLE
 from specsample_cupy.sampling import sample_tokens
 from specsample_cupy.verify import VerifyResult, verify
 
@@ -45,9 +46,14 @@ def put_column(dst, i: int, src):
 class HostRounds:
     """Iterating runs rounds until every request has finished, yielding a decode_stats.Round each."""
 
-    def __init__(self, dec, req, target_cache, draft_cache, *, policy, method, temperature, seed, clock):
+    def __init__(self, dec, req, target_cache, draft_cache, *, policy, method, temperature, seed, clock,
+                 truncation=None, logprobs=False):
+        """truncation: top_k / top_p / min_p for sample_tokens() and verify() (both models' rows);
+        logprobs: collect each taken token's log-probability in self.logprobs (one list per request)."""
         self.dec, self.req, self.tc, self.dc = dec, req, target_cache, draft_cache
         self.policy, self.method, self.temperature, self.seed, self.clock = policy, method, temperature, seed, clock
+        self.truncation = dict(truncation or {})
+        self.logprobs = [[] for _ in range(req.batch)] if logprobs else None
         self.per_round = policy.cap + 1
         self.read_wait_s = 0.0
         self.discarded = 0
@@ -111,7 +117,8 @@ class HostRounds:
             put_column(draft_logits, i, logits)
             with clock.span("sampling"):
                 put_column(draft_tokens, i, sample_tokens(logits, temperature=self.temperature, seed=self.seed,
-                                                          offset=offset_base + i, _out=self.sample_out))
+                                                          offset=offset_base + i, _out=self.sample_out,
+                                                          **self.truncation))
 
         # 2. The target scores gamma+1 positions in one run: the last emitted token, then the drafts.
         ids = np.zeros((batch, gamma + 1), np.int64)
@@ -125,11 +132,12 @@ class HostRounds:
         with clock.span("verify") if dec.time_model_runs else contextlib.nullcontext():
             res = verify(draft_tokens, draft_logits, target_logits, method=self.method,
                          temperature=self.temperature, seed=self.seed, offset=offset_base + self.policy.cap,
-                         draft_lengths=lengths)
+                         draft_lengths=lengths, logprobs=self.logprobs is not None, **self.truncation)
         result = self._read(res.packed, batch)
 
         # 4. Append the accepted tokens; roll both caches back to what they have seen of the new sequences.
         taken = req.append(result.tokens, result.emitted)
+        self._keep_logprobs(res, taken)
         self.tc.rollback(req.seq_len - 1)
         if self.dc is not None:
             self.dc.rollback(req.seq_len - 1)
@@ -153,12 +161,31 @@ class HostRounds:
         req = self.req
         ids, mask, positions = req.columns(self.tc.n_real, req.seq_len, rows=~req.finished)
         logits = self.dec.target.forward(self.tc, ids, mask, positions)[:, -1]
+        res = None
         with self.clock.span("sampling"):
-            tokens = to_host(sample_tokens(logits, temperature=self.temperature, seed=self.seed, offset=r))
+            if self.logprobs is None:
+                tokens = to_host(sample_tokens(logits, temperature=self.temperature, seed=self.seed, offset=r,
+                                               **self.truncation))
+            else:   # what sample_tokens() draws (verify with gamma = 0, its purpose), with log-probabilities
+                xp, B = self.dec.xp, logits.shape[0]
+                res = verify(xp.zeros((B, 0), np.int32), xp.empty((B, 0, logits.shape[1]), logits.dtype),
+                             logits[:, None, :], temperature=self.temperature, seed=self.seed, offset=r,
+                             logprobs=True, _race_purpose=PURPOSE_SAMPLE, **self.truncation)
+                tokens = to_host(res.tokens[:, 0])
         bad = ~req.finished & (tokens < 0)
         if bad.any():   # the GPU sampler's answer for a row with NaN/+Inf logits or no finite one
             raise ValueError(f"target logits hold NaN/+Inf or have no finite value in request(s) "
                              f"{np.flatnonzero(bad).tolist()}")
         taken = req.append(tokens[:, None], np.ones(req.batch, np.int64))
+        if res is not None:
+            self._keep_logprobs(res, taken)
         self.tc.rollback(req.seq_len - 1)   # drops nothing; lets finished rows' holes be compacted away
         return taken
+
+    def _keep_logprobs(self, res, taken):
+        """Each request's log-probabilities of the tokens it took this round (EOS and budget cuts)."""
+        if self.logprobs is None:
+            return
+        lp = to_host(res.logprobs)
+        for b in np.flatnonzero(taken).tolist():
+            self.logprobs[b].extend(float(x) for x in lp[b, :taken[b]])

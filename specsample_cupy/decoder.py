@@ -65,6 +65,7 @@ class GenerationOutput:
     token_ids: list[list[int]]     # generated ids per prompt, EOS included when one was produced
     finish_reasons: list[str] = field(default_factory=list)   # per prompt: length | eos | context | stop
     stats: dict = field(default_factory=dict)
+    logprobs: list[list[float]] | None = None   # generate(logprobs=True): one per generated token
 
 
 class SpeculativeDecoder:
@@ -198,7 +199,8 @@ class SpeculativeDecoder:
     def generate(self, prompts, max_new_tokens: int = 64, gamma: int | str = 5, method: str = "exact",
                  temperature: float = 1.0, seed: int = 0, adaptive_gamma: bool = False, gamma_min: int = 1,
                  gamma_max: int = 12, ignore_eos: bool = False, on_tokens=None, on_round=None,
-                 stop=()) -> GenerationOutput:
+                 stop=(), top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+                 logprobs: bool = False) -> GenerationOutput:
         """Continue each prompt by up to max_new_tokens tokens (fewer after an EOS or the context's end).
 
         Args:
@@ -223,6 +225,11 @@ class SpeculativeDecoder:
             stop: a string or strings; a request whose generated text contains one ends there
                 (finish_reason "stop"; its text is cut before the stop string, its token_ids end with
                 the token that completed it; specsample_cupy/stop_strings.py).
+            top_k, top_p, min_p: truncated sampling of both models (verify()'s rule: Hugging Face's
+                order, ties kept; None = off); methods "exact", "greedy" and "target".
+            logprobs: also return out.logprobs, per request the log-probability of each generated
+                token under the (truncated) target distribution it was drawn from (greedy: log
+                softmax at temperature 1). Truncation and logprobs run the host loop.
 
         Returns GenerationOutput(texts, token_ids, finish_reasons, stats); stats holds rounds, proposed,
         accepted, acceptance_rate (accepted / proposed drafts), mean_accepted_per_round (per request),
@@ -236,6 +243,7 @@ class SpeculativeDecoder:
         policy_mode = "auto" if gamma == "auto" else ("adaptive" if adaptive_gamma else "fixed")
         gamma = 4 if gamma == "auto" else gamma
         self._check(method, temperature, max_new_tokens, gamma)
+        truncation = self._check_truncation(method, temperature, logprobs, top_k=top_k, top_p=top_p, min_p=min_p)
         stops = check_stop_strings(stop)
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompts:
@@ -264,7 +272,8 @@ class SpeculativeDecoder:
                     self._prefill(list(zip(sessions, caches)), req)
                 # Rounds, until every request has finished.
                 rounds, why_not_device = self._rounds(req, caches, policy, method, temperature, seed, clock,
-                                                      (memory or {}).get("state") if speculative else None)
+                                                      (memory or {}).get("state") if speculative else None,
+                                                      truncation, logprobs)
                 assembler = TextAssembler(self.tokenizer, req.batch, incremental=why_not_device is None)
                 stopper = StopStrings(stops, self.tokenizer, req.batch) if stops else None
                 totals = Totals()
@@ -285,6 +294,7 @@ class SpeculativeDecoder:
             token_ids = [req.generated(b) for b in range(req.batch)]
             if stopper is not None:
                 stopper.cut(texts, token_ids)
+            kept_logprobs = [lp[:len(ids)] for lp, ids in zip(rounds.logprobs, token_ids)] if logprobs else None
             wall_s = time.perf_counter() - wall_start   # the stats' own readout below is not decoding time
             stats = decode_stats.stats(
                 method=method, speculative=speculative, device=self.device, req=req, totals=totals, clock=clock,
@@ -294,7 +304,8 @@ class SpeculativeDecoder:
                        "discarded_rounds": rounds.discarded, "gamma_mode": policy_mode,
                        "read_wait_per_round_s": rounds.read_wait_s / max(totals.rounds, 1),
                        "kv_compactions": sum(c.compactions for c in caches), "cuda_graphs": dict(self.cuda_graphs)})
-            return GenerationOutput(texts, token_ids, [req.finish_reason(b) for b in range(req.batch)], stats)
+            return GenerationOutput(texts, token_ids, [req.finish_reason(b) for b in range(req.batch)], stats,
+                                    kept_logprobs)
         finally:
             self._busy.release()
 
@@ -312,6 +323,16 @@ class SpeculativeDecoder:
             raise ValueError(f"gamma must be an int >= 0 or 'auto', got {gamma!r}")
         if max_new_tokens < 0 or gamma < 0:
             raise ValueError("max_new_tokens and gamma must be >= 0")
+
+    def _check_truncation(self, method, temperature, logprobs, **truncation):
+        """The active top_k / top_p / min_p (validated by verify()'s rules), as keyword arguments."""
+        from specsample_cupy.warps import make_warps
+        truncation = {k: v for k, v in truncation.items() if v is not None}
+        active = make_warps(np, 1, self.target.vocab_size, None, float(temperature), **truncation) is not None
+        if (active or logprobs) and method not in ("exact", "greedy", "target"):
+            raise ValueError(f"top_k/top_p/min_p and logprobs work with methods exact, greedy and target, "
+                             f"not {method!r}")
+        return truncation if active else {}
 
     def _requests(self, prompts, max_new_tokens, gamma_cap, ignore_eos) -> Requests:
         prompt_ids = self.encode_prompts(prompts)
@@ -334,12 +355,15 @@ class SpeculativeDecoder:
         capacity = req.seq.shape[1] + gamma_cap + 2 + kv_slack
         return [s.new_cache(req.batch, capacity, kv_slack) for s in sessions]
 
-    def _rounds(self, req, caches, policy, method, temperature, seed, clock, auto_state=None):
+    def _rounds(self, req, caches, policy, method, temperature, seed, clock, auto_state=None, truncation=None,
+                logprobs=False):
         """The loop that runs this call's rounds, and None or why it is not the device loop.
         auto_state: what earlier calls of this kind measured, for an automatic gamma policy."""
         target_cache, draft_cache = caches[0], (caches[1] if len(caches) > 1 else None)
         speculative = policy.cap > 0
         why_not = self._why_not_device_loop(speculative, policy.cap)
+        if why_not is None and (truncation or logprobs):
+            why_not = "truncation/logprobs"   # the device loop's samplers take neither yet
         temperature = 0.0 if method == "greedy" else float(temperature)
         method = method if speculative else "target"
         if why_not is None:
@@ -353,7 +377,8 @@ class SpeculativeDecoder:
             policy.load(auto_state)
             policy.choose()
         return HostRounds(self, req, target_cache, draft_cache, policy=policy, method=method,
-                          temperature=temperature, seed=seed, clock=clock), why_not
+                          temperature=temperature, seed=seed, clock=clock, truncation=truncation,
+                          logprobs=logprobs), why_not
 
     def _why_not_device_loop(self, speculative: bool, gamma_cap: int) -> str | None:
         """None when this call runs the device loop (decode_device), else why it does not."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,6 +35,7 @@ class DecodeOptions:
     gamma: int | str
     adaptive_gamma: bool
     stop: tuple = ()   # stop strings (generate(stop=...))
+    truncation: dict = field(default_factory=dict)   # generate()'s top_k / top_p / min_p
 
 
 class RoundTally:
@@ -116,7 +117,7 @@ class Runner:
                                         gamma=self.options.gamma, method=self.options.method,
                                         temperature=s.temperature, seed=s.seed,
                                         adaptive_gamma=self.options.adaptive_gamma, on_round=on_round,
-                                        stop=self.options.stop)
+                                        stop=self.options.stop, **self.options.truncation)
         except ValueError as exc:   # the decoder refused the batch: report what it did not write (a re-run retries it)
             for b in np.flatnonzero(~written).tolist():
                 self.bar.write(f"{source(batch[b])}: not generated: {exc}", file=sys.stderr)

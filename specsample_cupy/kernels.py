@@ -172,6 +172,22 @@ class _Plan:
             c.c_void_p(self.workspace.data.ptr), c.c_int64(counters), c.c_int64(counters + part),
             c.c_void_p(0 if self.record is None else self.record.data.ptr), ("out", c.c_void_p())])
         self.warp = _WarpRows(tag, B, G, V, device_id, self.err_ptr, self.record) if mode == MODE_WARPED else None
+        self.tag, self.B, self.G, self.V = tag, B, G, V
+        self._logprobs = None
+
+    def logprobs(self, stream, target_ptr, temps_ptr, temp_scalar, greedy, out, logprobs):
+        """Warped mode: the emitted tokens' log-probabilities [B, G + 1] into `logprobs` (float32),
+        from this plan's row records and the output `out` of its last launch (stream order)."""
+        if self._logprobs is None:
+            kern, = kernel_runtime.functions("warp_rows.cu", (f"emitted_logprobs_kernel<{self.tag}>",))
+            c = ctypes
+            self._logprobs = kernel_runtime.Launch(kern, [
+                c.c_void_p(), c.c_void_p(self.record.data.ptr), c.c_void_p(), c.c_void_p(), c.c_float(),
+                c.c_int32(), c.c_int32(self.B), c.c_int32(self.G), c.c_int32(self.V), ("logprobs", c.c_void_p())])
+        n = self.B * (self.G + 1)
+        self._logprobs(stream, -(-n // THREADS), THREADS, leading=(target_ptr, self.record.data.ptr, out.data.ptr,
+                                                                    temps_ptr, temp_scalar, greedy),
+                       logprobs=logprobs.data.ptr)
 
     def __call__(self, stream, head, out):
         """head: the 14 leading kernel arguments (pointers as ints); out: the output array. One locked
@@ -250,7 +266,7 @@ class _WarpRows:
 
 def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scalar, seed, offset,
            mode, sigmoid_offset, sigmoid_scale, race_purpose, greedy=False, options=None, out=None,
-           warps=None):
+           warps=None, logprobs=None):
     """Enqueue the verification kernel on the current stream. Returns the int32 output buffer
     [accepted B | emitted B | error B | tokens B*(G+1)]: `out` when given (a caller that reuses one
     buffer must have consumed the previous result in stream order), else a new array.
@@ -259,7 +275,9 @@ def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scal
     options: PlanOptions (None: the default plan). seed/offset: ints, or one-element int64 CuPy
     arrays (read by the kernel when it runs).
     warps: mode MODE_WARPED only: a specsample_cupy.warps.Warps of CuPy arrays; warp_rows.cu runs
-    first and writes every row's statistics and truncation."""
+    first and writes every row's statistics and truncation.
+    logprobs: mode MODE_WARPED only: a float32 CuPy array of B * (G + 1) that gets the emitted tokens'
+    log-probabilities (warp_rows.cu's emitted_logprobs_kernel, after the verification)."""
     import cupy
     plan, stream = _plan(draft_tokens, draft, target, dtype_name, mode, options)
     if out is None or out.size != plan.out_size:
@@ -276,6 +294,9 @@ def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scal
                   0 if seed_dev else int(seed) & 0xFFFFFFFFFFFFFFFF, seed.data.ptr if seed_dev else 0,
                   0 if offset_dev else int(offset) & 0xFFFFFFFFFFFFFFFF, offset.data.ptr if offset_dev else 0,
                   float(sigmoid_offset), float(sigmoid_scale), int(race_purpose)), out)
+    if logprobs is not None:
+        plan.logprobs(stream, target.data.ptr, _ptr(temps), float(temp_scalar or 0.0), int(bool(greedy)), out,
+                      logprobs)
     return out
 
 

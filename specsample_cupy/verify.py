@@ -5,7 +5,7 @@ import numpy as np
 
 from specsample_cupy import errors
 from specsample_cupy.philox import PURPOSE_RESIDUAL
-from specsample_cupy.warps import make_warps, warp_request_rows
+from specsample_cupy.warps import make_warps, off_warps, warp_request_rows
 
 # "sigmoid-paper" is method="sigmoid" with sigmoid_variant="paper" (one name for tables and the CLI).
 METHODS = ("exact", "sigmoid", "sigmoid-paper", "baseline", "greedy")
@@ -32,10 +32,19 @@ class VerifyResult:
 
     All four live in one buffer [accepted | emitted | error | tokens]; views are made on first use.
     """
-    __slots__ = ("_out", "_B", "_views")
+    __slots__ = ("_out", "_B", "_views", "_logprobs")
 
-    def __init__(self, out, B):
-        self._out, self._B, self._views = out, B, {}
+    def __init__(self, out, B, logprobs=None):
+        self._out, self._B, self._views, self._logprobs = out, B, {}, logprobs
+
+    @property
+    def logprobs(self):
+        """[B, gamma+1] float32 (verify(..., logprobs=True) only): the log-probability of each emitted
+        token under the distribution it was drawn from (the target's, truncated and at the request's
+        temperature; greedy requests: at temperature 1), -inf where tokens is -1."""
+        if self._logprobs is None:
+            raise AttributeError("call verify(..., logprobs=True) for log-probabilities")
+        return self._logprobs.reshape(self._B, -1)
 
     @classmethod
     def from_arrays(cls, xp, accepted, tokens, emitted, error):
@@ -149,7 +158,7 @@ def _check_seed(arg, v, xp):
 def verify(draft_tokens, draft_logits, target_logits, *, method="exact", temperature=1.0, seed=0,
            offset=0, draft_lengths=None, probs=False, sigmoid_offset=SIGMOID_OFFSET,
            sigmoid_scale=SIGMOID_SCALE, sigmoid_variant="softmax-bonus", logits_dtype=None, plan=None,
-           top_k=None, top_p=None, min_p=None, _race_purpose=PURPOSE_RESIDUAL):
+           top_k=None, top_p=None, min_p=None, logprobs=False, _race_purpose=PURPOSE_RESIDUAL):
     """Verify gamma draft tokens per request against the target model.
 
     Args:
@@ -200,6 +209,11 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
             Methods "exact" and "greedy" with logits only (active warps with probs=True or
             another method raise ValueError); a bad value raises ValueError naming the argument.
             specsample_cupy/warps.py states the rule in full.
+        logprobs: also return VerifyResult.logprobs [B, gamma+1] float32, the log-probability of each
+            emitted token under the target distribution it was drawn from (truncated, at the request's
+            temperature; greedy requests: log softmax at temperature 1), -inf padding like tokens.
+            Methods "exact" and "greedy". On CuPy it runs kernels_cu/warp_rows.cu for the rows'
+            statistics, as truncation does.
 
     Returns:
         VerifyResult(accepted [B], tokens [B, gamma+1], emitted [B], error [B]), int32 arrays of
@@ -273,6 +287,10 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
     if warps is not None and (probs or method not in WARP_METHODS):
         raise ValueError(f"top_k/top_p/min_p work with methods {WARP_METHODS} on logits, "
                          f"not method={method_arg!r}" + (" with probs=True" if probs else ""))
+    if logprobs and method not in WARP_METHODS + ("greedy",):
+        raise ValueError(f"logprobs=True works with methods {WARP_METHODS}, not method={method_arg!r}")
+    if logprobs and probs:
+        raise ValueError("logprobs=True needs logits (probs=False)")
     if plan is not None:
         from specsample_cupy.kernels import PlanOptions
         if not isinstance(plan, PlanOptions):
@@ -289,7 +307,7 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
         for a in (draft_tokens, draft_logits, target_logits))
     run = _verify_cpu if xp is np else _verify_gpu
     return run(draft_tokens, draft_logits, target_logits, lengths, temps, temp_scalar, dtype_name, method, mode,
-               seed, offset, sigmoid_offset, sigmoid_scale, _race_purpose, plan, warps=warps)
+               seed, offset, sigmoid_offset, sigmoid_scale, _race_purpose, plan, warps=warps, logprobs=logprobs)
 
 
 def _as_float(a, dtype_name):
@@ -311,7 +329,7 @@ def _onehot_rows(draft_tokens, target, mode):
 
 
 def _verify_cpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_name, method, mode,
-                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan, warps=None):
+                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan, warps=None, logprobs=False):
     from specsample_cupy.reference import reference_verify
     B, G = draft_tokens.shape
     target = _as_float(target, dtype_name)
@@ -335,14 +353,37 @@ def _verify_cpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
         draft_tokens, draft, target, lengths, temps, mode=mode, seed=int(seed), offset=int(offset),
         race_purpose=race_purpose, sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale,
         greedy_all=method == "greedy")
-    return VerifyResult.from_arrays(np, accepted, tokens, emitted, err)
+    res = VerifyResult.from_arrays(np, accepted, tokens, emitted, err)
+    if logprobs:
+        greedy = (temps == 0) if method != "greedy" else np.ones(B, bool)
+        res._logprobs = _emitted_logprobs(target, res.tokens, res.emitted, temps, greedy).ravel()
+    return res
+
+
+def _emitted_logprobs(target, tokens, emitted, temps, greedy):
+    """[B, G+1] float32: log softmax(target[b, j] / T_b)[tokens[b, j]] for j < emitted[b] (greedy
+    requests at T = 1), -inf elsewhere; target already truncated (-inf outside the kept set)."""
+    B, G1 = tokens.shape
+    out = np.full((B, G1), -np.inf, np.float32)
+    b, j = np.nonzero(np.arange(G1)[None, :] < emitted[:, None])
+    if b.size:
+        t = np.where(greedy, 1.0, temps)[b][:, None]
+        rows = target[b, j].astype(np.float64) / t
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            top = rows.max(-1, keepdims=True)
+            lse = top[:, 0] + np.log(np.exp(rows - top).sum(-1))
+        out[b, j] = rows[np.arange(b.size), tokens[b, j]] - lse
+    return out
 
 
 def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_name, method, mode,
-                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan, warps=None):
+                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan, warps=None, logprobs=False):
     import cupy
     if method == "greedy":
         warps = None        # the argmax is always kept: greedy verification is unchanged
+    B, G = draft_tokens.shape
+    if logprobs and warps is None:   # the rows' statistics come from warp_rows.cu, with nothing truncated
+        warps = off_warps(cupy, B)
     B, G = draft_tokens.shape
     if method == "baseline":
         from specsample_cupy.baseline import baseline_verify
@@ -360,8 +401,9 @@ def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
     out = kernels.launch(draft_tokens, draft, target, dtype_name=dtype_name, lengths=lengths, temps=temps,
                          temp_scalar=temp_scalar, seed=seed, offset=offset, mode=kmode,
                          sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale, race_purpose=race_purpose,
-                         greedy=method == "greedy", options=plan, warps=warps)
-    return VerifyResult(out, B)
+                         greedy=method == "greedy", options=plan, warps=warps,
+                         logprobs=(lp := cupy.empty(B * (G + 1), cupy.float32)) if logprobs else None)
+    return VerifyResult(out, B, lp if logprobs else None)
 
 
 def _bf16_to_f32(a):

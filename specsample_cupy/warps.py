@@ -44,6 +44,11 @@ def _validate(arg, v):
         raise ValueError(f"{arg} must be {rule}, got {got}")
 
 
+def off_warps(xp, B):
+    """Warps that keep every entry (the GPU path uses them when only the rows' statistics are wanted)."""
+    return Warps(xp.zeros(B, np.int32), xp.ones(B, np.float32), xp.full(B, np.inf, np.float32))
+
+
 def make_warps(xp, B, V, temps, temp_scalar, top_k=None, top_p=None, min_p=None):
     """Validated Warps of arrays of module xp, or None when every request has every warp off.
 
