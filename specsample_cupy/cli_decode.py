@@ -74,7 +74,8 @@ def draft_options(f):
     return click.option("--draft", type=DraftOption(), default=None, help=DRAFT_HELP)(f)
 
 
-def load_decoder(target, draft, device, cuda_graphs=True, device_rounds=True, ngram_min=1, ngram_max=4):
+def load_decoder(target, draft, device, cuda_graphs=True, device_rounds=True, ngram_min=1, ngram_max=4,
+                 cpu_threads=None):
     """SpeculativeDecoder, with a model problem (unusable file, mismatched pair) as a click error."""
     from specsample_cupy.decoder import SpeculativeDecoder
 
@@ -82,7 +83,8 @@ def load_decoder(target, draft, device, cuda_graphs=True, device_rounds=True, ng
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)   # the device choice was reported already
             return SpeculativeDecoder(target, draft, device=device, cuda_graphs=cuda_graphs,
-                                      device_rounds=device_rounds, ngram_min=ngram_min, ngram_max=ngram_max)
+                                      device_rounds=device_rounds, ngram_min=ngram_min, ngram_max=ngram_max,
+                                      cpu_threads=cpu_threads)
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from e
 

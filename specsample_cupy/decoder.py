@@ -90,6 +90,8 @@ class SpeculativeDecoder:
         device_rounds: with CUDA graphs, decode with the device loop (decode_device: every method,
             target-only too, bookkeeping on the GPU); False runs the host loop (decode_host), which
             is also what runs on the CPU and for models without CUDA graphs.
+        cpu_threads: on the CPU, the threads each model run may use (None: ONNX Runtime's default,
+            every core). Processes sharing a machine should split its cores between them.
 
     One generate() at a time: a decoder keeps per-call buffers, so a second call from another thread
     while one runs raises RuntimeError (use one decoder per thread).
@@ -112,7 +114,9 @@ class SpeculativeDecoder:
 
     def __init__(self, target=None, draft=None, device: str | None = None, *, kv_slack: int = 32,
                  prefill_chunk: int = 256, device_id: int = 0, cuda_graphs: bool = True,
-                 device_rounds: bool = True, ngram_min: int = 1, ngram_max: int = 4):
+                 device_rounds: bool = True, ngram_min: int = 1, ngram_max: int = 4,
+                 cpu_threads: int | None = None):
+        self.cpu_threads = cpu_threads
         self.target_spec = ModelSpec.from_dir(target if target is not None else default_model_dir("target"))
         self.ngram = None
         if isinstance(draft, str) and draft == NGRAM:
@@ -162,7 +166,7 @@ class SpeculativeDecoder:
                 self.cuda_graphs[role] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         else:
             self.cuda_graphs[role] = "off" if self.device == "cuda" else "cpu"
-        return DecoderSession(spec, self.device, self.stream, device_id)
+        return DecoderSession(spec, self.device, self.stream, device_id, cpu_threads=self.cpu_threads)
 
     def encode_prompts(self, prompts) -> list[list[int]]:
         """Token ids per prompt. An empty prompt starts from the model's BOS token, or is refused

@@ -89,8 +89,11 @@ class DecodeWorker:
 
     def __init__(self, setup: WorkerSetup):
         self.name = setup.name
+        # A CPU worker reserves one CPU (generate_ray.decoded): its model runs use one thread, so the
+        # workers of a machine do not contend for its cores.
         self.decoder = _RefusalKept(load_decoder(setup.target, setup.draft, setup.device,
-                                                 ngram_min=setup.ngram_min, ngram_max=setup.ngram_max))
+                                                 ngram_min=setup.ngram_min, ngram_max=setup.ngram_max,
+                                                 cpu_threads=1 if setup.device == "cpu" else None))
         self.lines = _Lines()
         self.runner = Runner(self.decoder, self.lines, setup.options, 0, progress=False)
 

@@ -240,14 +240,19 @@ def open_session_error(path, exc: BaseException) -> ValueError | None:
     return ValueError(f"{path}: not a loadable ONNX model ({detail or type(exc).__name__})")
 
 
-def _inference_session(path: Path, device: str, stream, device_id: int, cuda_graph: bool = False):
+def _inference_session(path: Path, device: str, stream, device_id: int, cuda_graph: bool = False,
+                       cpu_threads: int | None = None):
     """An ONNX Runtime session; on CUDA it computes on `stream`, and with cuda_graph=True it may capture
-    runs as CUDA graphs (ONNX Runtime refuses at creation when the graph has nodes on the CPU)."""
+    runs as CUDA graphs (ONNX Runtime refuses at creation when the graph has nodes on the CPU).
+    cpu_threads: on the CPU, the threads one run may use (None: ONNX Runtime's default, every core);
+    processes sharing a machine (Ray workers) each get their share, or their threads contend."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if device == "cpu":
+        if cpu_threads:
+            options.intra_op_num_threads, options.inter_op_num_threads = int(cpu_threads), 1
         return _create_session(ort, path, options, ["CPUExecutionProvider"])
     _preload_cuda_libraries(ort)
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -302,10 +307,10 @@ class DecoderSession:
     """
 
     def __init__(self, spec: ModelSpec, device: str = "cpu", stream=None, device_id: int = 0, *,
-                 cuda_graph: bool = False):
+                 cuda_graph: bool = False, cpu_threads: int | None = None):
         self.spec, self.device, self.stream, self.device_id = spec, device, stream, device_id
         self.xp = array_module(device)
-        self.session = _inference_session(spec.onnx_path, device, stream, device_id, cuda_graph)
+        self.session = _inference_session(spec.onnx_path, device, stream, device_id, cuda_graph, cpu_threads)
         self._read_graph()
         self._binding = self.session.io_binding()
         self._run_options = run_options(device)
