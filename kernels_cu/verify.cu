@@ -121,6 +121,7 @@ struct Verifier {
   bool greedy_all;
   unsigned long long seed;
   unsigned offset;
+  const long long* streams;  // null, or [B, 2] per-request (seed, offset): see stream()
   float sig_offset, sig_inv_scale;
   unsigned race_purpose;
   int B, G, V, S1, C1, S2, C2, R;
@@ -167,6 +168,16 @@ struct Verifier {
       return __fdividef(1.f, 1.f + __expf(-t));   // t in [0, 1]: the fast forms are accurate here
     }
     return 1.f / (1.f + expf(-t));
+  }
+
+  // Request b's Philox numbers at one (position, purpose): keyed by the call's seed and offset at
+  // request word b, or with per-request streams by (seed, offset) = streams[b] at request word 0,
+  // so that a request draws the same numbers in any row of any batch (reference.Streams).
+  __device__ __forceinline__ PhiloxStream stream(int b, unsigned position, unsigned purpose) const {
+    if (streams != nullptr)
+      return PhiloxStream((unsigned long long)__ldg(streams + 2 * b), (unsigned)__ldg(streams + 2 * b + 1), 0u,
+                          position, purpose);
+    return PhiloxStream(seed, offset, b, position, purpose);
   }
 
   __device__ const S* target_row(int b, int i) const { return target + ((long long)b * (G + 1) + i) * V; }
@@ -405,7 +416,7 @@ struct Verifier {
           g.yr = decode<T>(draft_row(b, i)[x]);
           g.y = g.yr * rq.inv_t;
         }
-        g.u = acceptance_uniform(PhiloxStream(seed, offset, b, 0, SS_PURPOSE_ACCEPT).word(i));
+        g.u = acceptance_uniform(stream(b, 0, SS_PURPOSE_ACCEPT).word(i));
       }
     }
     return g;
@@ -502,13 +513,14 @@ struct Verifier {
           maxq = __ldcg(rq_ + SS_REC_MAX); dmaxq = __ldcg(rq_ + SS_REC_DMAX);
         }
       }
-      const PhiloxStream ps(seed, offset, b, n, race_purpose);
       const int lo = s * C2, hi = min(V, lo + C2);
       for (int base = lo + threadIdx.x * VEC; base < hi; base += SS_THREADS * VEC) {
         float z[VEC], y[VEC], e[VEC];
         load_vec<T, VEC>(zrow + base, z);
         if (read_q) load_vec<T, VEC>(yrow + base, y);
-        race_variates<VEC>(ps, base, e);
+        // The stream is named here rather than once before the loop: with per-request streams a
+        // register-resident copy beside b pushes the 64-register modes into spills.
+        race_variates<VEC>(stream(b, n, race_purpose), base, e);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           float wp, wq;
@@ -590,7 +602,7 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
     const TOK* draft_tokens, const typename T::storage* draft, const typename T::storage* target,
     const int* lengths, const float* temps, float temp_scalar, int greedy_all,
     unsigned long long seed, const long long* seed_ptr, unsigned long long offset, const long long* offset_ptr,
-    float sig_offset, float sig_scale, unsigned race_purpose,
+    const long long* streams, float sig_offset, float sig_scale, unsigned race_purpose,
     int B, int G, int V, int S1, int C1, int S2, int C2, int lag_requests,
     int* ws, long long part_off, long long cand_off, const float* record, int* out) {
   __shared__ SoftmaxStat red_stat[SS_WARPS];
@@ -602,6 +614,7 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
   v.lengths = lengths; v.temps = temps; v.temp_scalar = temp_scalar; v.greedy_all = greedy_all != 0;
   v.seed = seed_ptr ? (unsigned long long)*seed_ptr : seed;
   v.offset = (unsigned)(offset_ptr ? (unsigned long long)*offset_ptr : offset);
+  v.streams = streams;
   v.sig_offset = sig_offset; v.sig_inv_scale = 1.f / sig_scale; v.race_purpose = race_purpose;
   v.B = B; v.G = G; v.V = V; v.S1 = S1; v.C1 = C1; v.S2 = S2; v.C2 = C2;
   v.R = 2 * G + 1;

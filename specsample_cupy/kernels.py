@@ -167,11 +167,12 @@ class _Plan:
         c = ctypes
         self.launch = kernel_runtime.Launch(self.kern, [
             c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_float(), c.c_int32(),
-            c.c_uint64(), c.c_void_p(), c.c_uint64(), c.c_void_p(), c.c_float(), c.c_float(),
+            c.c_uint64(), c.c_void_p(), c.c_uint64(), c.c_void_p(), c.c_void_p(), c.c_float(), c.c_float(),
             c.c_uint32(), *(c.c_int32(v) for v in (B, G, V, S1, C1, S2, C2, lag)),
             c.c_void_p(self.workspace.data.ptr), c.c_int64(counters), c.c_int64(counters + part),
             c.c_void_p(0 if self.record is None else self.record.data.ptr), ("out", c.c_void_p())])
-        self.warp = _WarpRows(tag, B, G, V, device_id, self.err_ptr, self.record) if mode == MODE_WARPED else None
+        self.warp = _WarpRows(tag, vec, B, G, V, device_id, self.err_ptr, self.record) \
+            if mode == MODE_WARPED else None
         self.tag, self.B, self.G, self.V = tag, B, G, V
         self._logprobs = None
 
@@ -190,7 +191,7 @@ class _Plan:
                        logprobs=logprobs.data.ptr)
 
     def __call__(self, stream, head, out):
-        """head: the 14 leading kernel arguments (pointers as ints); out: the output array. One locked
+        """head: the 15 leading kernel arguments (pointers as ints); out: the output array. One locked
         launch writes both, so threads sharing the plan (one stream) never mix their arguments."""
         self.launch(stream, self.grid, THREADS, self.shared_bytes, leading=head, out=out.data.ptr)
 
@@ -238,10 +239,11 @@ class _WarpRows:
     block holding a 1 / WARP_CLUSTER slice of the row (as float32) in dynamic shared memory. It
     writes the plan's row records and ORs value errors into the plan's per-request error bits."""
 
-    def __init__(self, tag, B, G, V, device_id, err_ptr, record):
+    def __init__(self, tag, vec, B, G, V, device_id, err_ptr, record):
         import cupy
-        kern, = kernel_runtime.functions("warp_rows.cu", (f"warp_rows_kernel<{tag}>",))
+        kern, = kernel_runtime.functions("warp_rows.cu", (f"warp_rows_kernel<{tag}, {vec}>",))
         C = -(-V // WARP_CLUSTER)
+        C = -(-C // vec) * vec     # slices start on vec boundaries: 16-byte loads stay aligned
         self.shared_bytes = 4 * C
         limit = cupy.cuda.Device(device_id).attributes["MaxSharedMemoryPerBlockOptin"]
         static = kern.attributes["shared_size_bytes"]
@@ -266,14 +268,15 @@ class _WarpRows:
 
 def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scalar, seed, offset,
            mode, sigmoid_offset, sigmoid_scale, race_purpose, greedy=False, options=None, out=None,
-           warps=None, logprobs=None):
+           warps=None, logprobs=None, streams=None):
     """Enqueue the verification kernel on the current stream. Returns the int32 output buffer
     [accepted B | emitted B | error B | tokens B*(G+1)]: `out` when given (a caller that reuses one
     buffer must have consumed the previous result in stream order), else a new array.
     greedy: every request greedy (method "greedy"); temps are then only checked.
     draft: [B, G, V] logits/probabilities, or None for one-hot drafts (q(x_i) = 1).
     options: PlanOptions (None: the default plan). seed/offset: ints, or one-element int64 CuPy
-    arrays (read by the kernel when it runs).
+    arrays (read by the kernel when it runs). streams: None or a C-contiguous [B, 2] int64 CuPy
+    array of per-request (seed, offset) (verify()'s argument; the kernel then ignores seed/offset).
     warps: mode MODE_WARPED only: a specsample_cupy.warps.Warps of CuPy arrays; warp_rows.cu runs
     first and writes every row's statistics and truncation.
     logprobs: mode MODE_WARPED only: a float32 CuPy array of B * (G + 1) that gets the emitted tokens'
@@ -293,7 +296,7 @@ def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scal
                   float(temp_scalar or 0.0), int(bool(greedy)),
                   0 if seed_dev else int(seed) & 0xFFFFFFFFFFFFFFFF, seed.data.ptr if seed_dev else 0,
                   0 if offset_dev else int(offset) & 0xFFFFFFFFFFFFFFFF, offset.data.ptr if offset_dev else 0,
-                  float(sigmoid_offset), float(sigmoid_scale), int(race_purpose)), out)
+                  _ptr(streams), float(sigmoid_offset), float(sigmoid_scale), int(race_purpose)), out)
     if logprobs is not None:
         plan.logprobs(stream, target.data.ptr, _ptr(temps), float(temp_scalar or 0.0), int(bool(greedy)), out,
                       logprobs)

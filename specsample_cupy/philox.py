@@ -8,6 +8,9 @@ the kernels consume identical random numbers. Every random number is addressed b
 
 and is lane ``index & 3`` of the four 32-bit words Philox returns for that counter. ``index``
 is the draft position for acceptance uniforms and the vocabulary id for sampling races.
+
+seed and offset may also be arrays (one per request: verify()'s `streams`); they broadcast with
+the other arguments like request and position do.
 """
 import sys
 
@@ -29,22 +32,24 @@ _LOW_HALF = 0 if sys.byteorder == "little" else 1   # which uint32 of a uint64 h
 
 
 def philox4x32_10(c0, c1, c2, c3, k0, k1, xp=np):
-    """Philox4x32 with 10 rounds (Salmon et al., SC'11). Arguments broadcast; returns 4 uint32 arrays."""
+    """Philox4x32 with 10 rounds (Salmon et al., SC'11). Arguments broadcast (the keys too: ints, or
+    arrays of one key per element); returns 4 uint32 arrays."""
     u32, u64 = xp.uint32, xp.uint64
     c = [xp.asarray(v, dtype=u32) for v in (c0, c1, c2, c3)]
+    keys_per_element = not all(isinstance(k, (int, np.integer)) for k in (k0, k1))
+    if keys_per_element:
+        k0, k1 = (xp.asarray(k, dtype=u64) & u64(_MASK32) for k in (k0, k1))
     # Array operations are what costs in NumPy here, so a round takes three: c0 and c2 are multiplied
     # stacked as one array into 64-bit products whose 32-bit halves are read as views (no shifts or
     # masks), then the high halves cross over to the other pair: (c0, c2) = (hi1 ^ c1 ^ k0,
     # hi0 ^ c3 ^ k1), (c1, c3) = (lo1, lo0). Two product buffers alternate since the low halves
     # stay in use for a round.
-    shape = (2,) + np.broadcast_shapes(*(v.shape for v in c))
+    shape = (2,) + np.broadcast_shapes(*(v.shape for v in c), *((k0.shape, k1.shape) if keys_per_element else ()))
     even, odd = xp.empty(shape, u32), xp.empty(shape, u32)
     even[0], even[1], odd[0], odd[1] = c[0], c[2], c[1], c[3]
     pair = (2,) + (1,) * (len(shape) - 1)
     mul = xp.asarray([_M0, _M1], dtype=u64).reshape(pair)
-    k0, k1 = int(k0) & _MASK32, int(k1) & _MASK32
-    keys = [[(k0 + r * _W0) & _MASK32, (k1 + r * _W1) & _MASK32] for r in range(10)]   # bumped each round
-    keys = xp.asarray(keys, dtype=u32).reshape((10,) + pair)
+    keys = _round_keys(k0, k1, len(shape) - 1, xp) if keys_per_element else _scalar_round_keys(k0, k1, pair, xp)
     products = [xp.empty(shape, u64), xp.empty(shape, u64)]
     high, low = (Ellipsis, 1 - _LOW_HALF), (Ellipsis, _LOW_HALF)
     for r in range(10):
@@ -55,13 +60,40 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1, xp=np):
     return [even[0], odd[0], even[1], odd[1]]
 
 
+def _scalar_round_keys(k0, k1, pair, xp):
+    """[10, 2, 1, ...] uint32: the key of every round (bumped each round), one key for all elements."""
+    k0, k1 = int(k0) & _MASK32, int(k1) & _MASK32
+    keys = [[(k0 + r * _W0) & _MASK32, (k1 + r * _W1) & _MASK32] for r in range(10)]
+    return xp.asarray(keys, dtype=xp.uint32).reshape((10,) + pair)
+
+
+def _round_keys(k0, k1, ndim, xp):
+    """[10, 2, ...] uint32: the key of every round for keys given per element (uint64 arrays holding
+    32-bit values), their shapes padded to ndim axes so they broadcast with the counters."""
+    u64 = xp.uint64
+    bumps = xp.arange(10, dtype=u64).reshape((10,) + (1,) * ndim)
+    pad = lambda k: k.reshape((1,) * (ndim - k.ndim) + k.shape)
+    keys = [(pad(k0) + bumps * u64(_W0)) & u64(_MASK32), (pad(k1) + bumps * u64(_W1)) & u64(_MASK32)]
+    full = np.broadcast_shapes(keys[0].shape, keys[1].shape)
+    return xp.stack([xp.broadcast_to(k, full) for k in keys], axis=1).astype(xp.uint32)
+
+
 def _counter_words(seed, offset, request, position, purpose, counter, xp):
-    """The four Philox words of counter (counter, purpose << 16 | position, request, offset)."""
-    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    """The four Philox words of counter (counter, purpose << 16 | position, request, offset); seed and
+    offset ints, or int arrays (one per request) that broadcast with the rest."""
     position = xp.asarray(position, dtype=xp.uint32)
+    if isinstance(seed, (int, np.integer)):
+        seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        k0, k1 = seed & _MASK32, seed >> 32
+    else:
+        seed = xp.asarray(seed).astype(xp.int64).view(xp.uint64)   # two's complement, as the kernels read it
+        k0, k1 = seed & xp.uint64(_MASK32), seed >> xp.uint64(32)
+    if isinstance(offset, (int, np.integer)):
+        offset = xp.uint32(int(offset) & _MASK32)
+    else:
+        offset = (xp.asarray(offset).astype(xp.int64).view(xp.uint64) & xp.uint64(_MASK32)).astype(xp.uint32)
     return philox4x32_10(counter, (xp.uint32(purpose) << xp.uint32(16)) | position,
-                         xp.asarray(request, dtype=xp.uint32), xp.uint32(int(offset) & _MASK32),
-                         seed & _MASK32, seed >> 32, xp=xp)
+                         xp.asarray(request, dtype=xp.uint32), offset, k0, k1, xp=xp)
 
 
 def random_bits(seed, offset, request, position, purpose, index, xp=np):
@@ -84,6 +116,7 @@ def random_row_bits(seed, offset, request, position, purpose, length, xp=np):
     counters = xp.arange(-(-int(length) // 4), dtype=xp.uint32)
     request = xp.asarray(request, dtype=xp.uint32)[..., None]
     position = xp.asarray(position, dtype=xp.uint32)[..., None]
+    seed, offset = (v if isinstance(v, (int, np.integer)) else xp.asarray(v)[..., None] for v in (seed, offset))
     words = xp.stack(_counter_words(seed, offset, request, position, purpose, counters, xp), axis=-1)
     return words.reshape(words.shape[:-2] + (-1,))[..., :length]
 

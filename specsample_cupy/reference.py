@@ -258,16 +258,36 @@ def _residual(p_n, q_n):
     return residual
 
 
-def _race(residual, rows, seed, offset, n, purpose):
+class Streams:
+    """Whose Philox numbers each request draws: (seed, offset, request word) per request b, as
+    arrays or scalars that index with b. Without per-request streams: the call's seed and offset
+    and the row b; with streams [B, 2] (verify()'s argument): streams[b] = (seed, offset) and
+    request word 0, the numbers row 0 of a one-request call with that seed and offset draws."""
+
+    def __init__(self, seed, offset, B, streams=None):
+        if streams is None:
+            self.seed, self.offset, self.request = int(seed), int(offset), np.arange(B)
+        else:
+            streams = np.asarray(streams, np.int64)
+            self.seed, self.offset, self.request = streams[:, 0], streams[:, 1], np.zeros(B, np.int64)
+
+    def of(self, rows):
+        """(seed, offset, request) of the requests `rows` (an index array)."""
+        pick = lambda v: v if isinstance(v, int) else v[rows]
+        return pick(self.seed), pick(self.offset), self.request[rows]
+
+
+def _race(residual, rows, streams, n, purpose):
     """The exponential race in each row of residual [B, V] where rows [B] is True: the token
-    argmax_j residual_j / e_j (e_j ~ Exp(1), Philox at request b, position n[b], index j; entries
-    without positive weight never win) and whether no weight was positive. Other rows: token 0,
-    not massless."""
+    argmax_j residual_j / e_j (e_j ~ Exp(1), Philox of request b's stream (Streams) at position
+    n[b], index j; entries without positive weight never win) and whether no weight was positive.
+    Other rows: token 0, not massless."""
     B, V = residual.shape
     token, massless = np.zeros(B, np.int64), np.zeros(B, bool)
     sel = np.flatnonzero(rows)
     if sel.size:
-        key = race_exponential(random_row_bits(seed, offset, sel, n[sel], purpose, V))
+        seed, offset, request = streams.of(sel)
+        key = race_exponential(random_row_bits(seed, offset, request, n[sel], purpose, V))
         w = residual if sel.size == B else residual[sel]
         positive = w > 0
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -280,8 +300,12 @@ def _race(residual, rows, seed, offset, n, purpose):
 
 
 def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed, offset,
-                     race_purpose, sigmoid_offset=-10000.0, sigmoid_scale=20000.0, greedy_all=False):
+                     race_purpose, sigmoid_offset=-10000.0, sigmoid_scale=20000.0, greedy_all=False,
+                     streams=None):
     """Returns (accepted [B], tokens [B, G+1], emitted [B], error [B]) as int32 NumPy arrays.
+
+    streams: None (request b draws at Philox request word b, the call's seed and offset) or [B, 2]
+    int64, per request (seed, offset) with request word 0 (verify()'s docstring).
 
     mode: 'logits' (exact), 'probs' (exact from probabilities), 'sigmoid' or 'sigmoid-paper'.
     Temperature-0 requests are greedy (accept while the draft is the target's argmax) except in
@@ -309,7 +333,8 @@ def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed,
     b = np.arange(B)
     x = np.clip(draft_tokens, 0, V - 1).astype(np.int64)
     pos = np.arange(G)
-    u = acceptance_uniform(random_row_bits(seed, offset, b, 0, PURPOSE_ACCEPT, G))    # [B, G]
+    draws = Streams(seed, offset, B, streams)
+    u = acceptance_uniform(random_row_bits(*draws.of(b), 0, PURPOSE_ACCEPT, G))    # [B, G]
     sampled = (err == 0) & ~greedy                 # the requests whose weights are read
     target_argmax = _greedy_argmax(target, greedy)
 
@@ -332,7 +357,7 @@ def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed,
     residual = _residual(p_n, q_n)
     if mode in SIGMOID_MODES:
         residual = _sigmoid_race_weights(mode, residual, p_n - q_n, target[b, n], temps, bonus=n >= L)
-    token, massless = _race(residual, sampled, seed, offset, n, race_purpose)
+    token, massless = _race(residual, sampled, draws, n, race_purpose)
     token = np.where(greedy, target_argmax[b, n], token)
     # No positive weight left in row n (only float underflow gets here without another error).
     err = _or(np, err, sampled & massless, errors.NO_MASS)

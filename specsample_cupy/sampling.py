@@ -18,11 +18,13 @@ _NO_DRAFTS = {}
 
 
 def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None,
-                  logits_dtype=None, _out=None):
+                  logits_dtype=None, streams=None, _out=None):
     """Sample ids from logits [B, V] (NumPy or CuPy, float32/float16/bfloat16).
 
     temperature: scalar or [B]; 0 takes the argmax (first index on ties).
     top_k, top_p, min_p: truncated sampling, as verify() (None, a scalar or [B] each).
+    streams: None or [B, 2] int64 per-request (seed, offset), as verify()'s: row b then draws what
+        a one-row call with seed=streams[b, 0], offset=streams[b, 1] draws (seed, offset ignored).
     Returns [B] int32 of the input's module; on CuPy, rows with NaN/+Inf logits give -1 and rows
     with no finite logit -2 (callers check: decode_host raises, decode_device reports an error).
     (_out: the decoder's reused int32 buffer of 4B elements for the fast path; the result is a view
@@ -36,13 +38,21 @@ def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, top_k=None, top_
     if (module == "cupy" and not warped and logits.dtype.char in "fe" and logits.flags.c_contiguous
             and logits_dtype is None
             and isinstance(temperature, (float, int, Real)) and 0 <= temperature < float("inf")
-            and isinstance(seed, int) and isinstance(offset, int)):
-        return _sample_on_gpu(logits, float(temperature), seed, offset, _out)
+            and isinstance(seed, int) and isinstance(offset, int) and _fast_streams(streams, B)):
+        return _sample_on_gpu(logits, float(temperature), seed, offset, _out, streams)
     xp = np if module == "numpy" else __import__(module)
     res = verify(xp.zeros((B, 0), xp.int32), xp.empty((B, 0, V), logits.dtype), logits[:, None, :],
                  temperature=temperature, seed=seed, offset=offset, logits_dtype=logits_dtype,
-                 top_k=top_k, top_p=top_p, min_p=min_p, _race_purpose=PURPOSE_SAMPLE)
+                 top_k=top_k, top_p=top_p, min_p=min_p, streams=streams, _race_purpose=PURPOSE_SAMPLE)
     return res.tokens[:, 0]
+
+
+def _fast_streams(streams, B) -> bool:
+    """Streams the fast path reads as they are: none, or a C-contiguous [B, 2] int64 CuPy array
+    (anything else goes through verify(), which checks it and says what is wrong)."""
+    return streams is None or (type(streams).__module__.split(".")[0] == "cupy" and streams.shape == (B, 2)
+                               and streams.dtype.char in "lq" and streams.dtype.itemsize == 8
+                               and streams.flags.c_contiguous)
 
 
 ROW_SAMPLER_MAX_V = 32768   # rows up to this long: kernels_cu/sample_rows.cu, one block per row
@@ -57,12 +67,13 @@ class _RowSampler:
         c = ctypes
         self.launch = kernel_runtime.Launch(kernel, [
             c.c_void_p(), c.c_int32(), c.c_float(), c.c_uint64(), c.c_uint32(), c.c_uint32(PURPOSE_SAMPLE),
-            ("tokens", c.c_void_p())])
+            ("streams", c.c_void_p()), ("tokens", c.c_void_p())])
 
-    def __call__(self, logits, temperature, seed, offset, tokens, stream):
+    def __call__(self, logits, temperature, seed, offset, tokens, stream, streams=None):
         B, V = logits.shape
         self.launch(stream, B, 256, leading=(logits.data.ptr, V, temperature, seed & 0xFFFFFFFFFFFFFFFF,
-                                             offset & 0xFFFFFFFF), tokens=tokens.data.ptr)
+                                             offset & 0xFFFFFFFF),
+                    streams=0 if streams is None else streams.data.ptr, tokens=tokens.data.ptr)
 
 
 @functools.lru_cache(maxsize=None)
@@ -70,7 +81,7 @@ def _row_sampler(device_id, tag, vec):
     return _RowSampler(tag, vec)
 
 
-def _sample_on_gpu(logits, temperature, seed, offset, out=None):
+def _sample_on_gpu(logits, temperature, seed, offset, out=None, streams=None):
     """The draft samples once per proposed token, so this path is on the decoder's critical path:
     rows up to ROW_SAMPLER_MAX_V long take one block each (one launch, no hand-off between blocks);
     longer rows the verification kernel with gamma = 0. No general validation here."""
@@ -86,7 +97,7 @@ def _sample_on_gpu(logits, temperature, seed, offset, out=None):
             out = cupy.empty(4 * B, cupy.int32)
         tokens = out[3 * B:]
         _row_sampler(cupy.cuda.runtime.getDevice(), tag, vec)(logits, temperature, seed, offset, tokens,
-                                                               cupy.cuda.get_current_stream())
+                                                               cupy.cuda.get_current_stream(), streams)
         return tokens
     key = (cupy.cuda.runtime.getDevice(), B)
     no_drafts = _NO_DRAFTS.get(key)
@@ -96,5 +107,5 @@ def _sample_on_gpu(logits, temperature, seed, offset, out=None):
     out = kernels.launch(no_drafts, rows, rows, dtype_name="float32" if logits.dtype.char == "f" else "float16",
                          lengths=None, temps=None, temp_scalar=temperature, seed=seed, offset=offset,
                          mode=kernels.MODE_LOGITS, sigmoid_offset=0.0, sigmoid_scale=1.0,
-                         race_purpose=PURPOSE_SAMPLE, out=out)
+                         race_purpose=PURPOSE_SAMPLE, out=out, streams=streams)
     return out[3 * B:]

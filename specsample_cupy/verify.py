@@ -158,7 +158,7 @@ def _check_seed(arg, v, xp):
 def verify(draft_tokens, draft_logits, target_logits, *, method="exact", temperature=1.0, seed=0,
            offset=0, draft_lengths=None, probs=False, sigmoid_offset=SIGMOID_OFFSET,
            sigmoid_scale=SIGMOID_SCALE, sigmoid_variant="softmax-bonus", logits_dtype=None, plan=None,
-           top_k=None, top_p=None, min_p=None, logprobs=False, _race_purpose=PURPOSE_RESIDUAL):
+           top_k=None, top_p=None, min_p=None, logprobs=False, streams=None, _race_purpose=PURPOSE_RESIDUAL):
     """Verify gamma draft tokens per request against the target model.
 
     Args:
@@ -177,7 +177,17 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
         seed, offset: key the Philox random numbers (ints, or one-element int64 CuPy arrays so a
             captured CUDA graph can be replayed with new values; call verify() once with the same
             shapes on the same stream before capturing, so its launch plan and workspace exist).
-            Use a new offset every step.
+            Use a new offset every step. Request b draws at Philox request word b, so its numbers
+            depend on its row (see streams).
+        streams: None, or per-request random streams: a [B, 2] int64 array of the logits' module,
+            streams[b] = (seed_b, offset_b). Request b then draws exactly the numbers that a call
+            with one request (row 0), seed=seed_b and offset=offset_b draws (Philox key seed_b,
+            offset word offset_b mod 2^32, request word 0), whatever its row and the other rows;
+            seed and offset are ignored. A request that keeps its own seed and counts its own steps
+            in offset_b gets the same tokens decoded alone or in any batch (continuous batching
+            refills rows with new requests between rounds). The kernels read it when they run
+            (CUDA-graph replays see new values). Not with method "baseline" (ValueError), whose
+            numbers come from a stateful generator.
         draft_lengths: None or [B] int array; request b verifies only its first draft_lengths[b]
             drafts (0..gamma), later positions are ignored.
         probs: the two arrays already hold probabilities (temperature must be the scalar 1).
@@ -283,6 +293,7 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
         raise ValueError(f"sigmoid_variant must be one of {SIGMOID_VARIANTS}, got {sigmoid_variant!r}")
     for arg, v in (("seed", seed), ("offset", offset)):
         _check_seed(arg, v, xp)
+    streams = _check_streams(streams, xp, B, method)
     warps = make_warps(xp, B, target_logits.shape[2], temps, temp_scalar, top_k, top_p, min_p)
     if warps is not None and (probs or method not in WARP_METHODS):
         raise ValueError(f"top_k/top_p/min_p work with methods {WARP_METHODS} on logits, "
@@ -307,7 +318,24 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
         for a in (draft_tokens, draft_logits, target_logits))
     run = _verify_cpu if xp is np else _verify_gpu
     return run(draft_tokens, draft_logits, target_logits, lengths, temps, temp_scalar, dtype_name, method, mode,
-               seed, offset, sigmoid_offset, sigmoid_scale, _race_purpose, plan, warps=warps, logprobs=logprobs)
+               seed, offset, sigmoid_offset, sigmoid_scale, _race_purpose, plan, warps=warps, logprobs=logprobs,
+               streams=streams)
+
+
+def _check_streams(streams, xp, B, method):
+    """streams as a C-contiguous [B, 2] int64 array of module xp (or None); TypeError/ValueError
+    naming the argument otherwise."""
+    if streams is None:
+        return None
+    if type(streams).__module__.split(".")[0] != xp.__name__:
+        raise TypeError("streams must be an array of the same module as the logits")
+    if streams.shape != (B, 2) or streams.dtype.kind not in "iu":
+        raise ValueError(f"streams must be an integer array of shape [B={B}, 2] (seed, offset per request), "
+                         f"got shape {streams.shape} dtype {streams.dtype}")
+    if method == "baseline":
+        raise ValueError("streams do not work with method 'baseline' (its random numbers come from a "
+                         "stateful generator)")
+    return xp.ascontiguousarray(streams, dtype=xp.int64)
 
 
 def _as_float(a, dtype_name):
@@ -329,7 +357,8 @@ def _onehot_rows(draft_tokens, target, mode):
 
 
 def _verify_cpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_name, method, mode,
-                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan, warps=None, logprobs=False):
+                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan, warps=None, logprobs=False,
+                streams=None):
     from specsample_cupy.reference import reference_verify
     B, G = draft_tokens.shape
     target = _as_float(target, dtype_name)
@@ -352,7 +381,7 @@ def _verify_cpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
     accepted, tokens, emitted, err = reference_verify(
         draft_tokens, draft, target, lengths, temps, mode=mode, seed=int(seed), offset=int(offset),
         race_purpose=race_purpose, sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale,
-        greedy_all=method == "greedy")
+        greedy_all=method == "greedy", streams=streams)
     res = VerifyResult.from_arrays(np, accepted, tokens, emitted, err)
     if logprobs:
         greedy = (temps == 0) if method != "greedy" else np.ones(B, bool)
@@ -377,7 +406,8 @@ def _emitted_logprobs(target, tokens, emitted, temps, greedy):
 
 
 def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_name, method, mode,
-                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan, warps=None, logprobs=False):
+                seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan, warps=None, logprobs=False,
+                streams=None):
     import cupy
     if method == "greedy":
         warps = None        # the argmax is always kept: greedy verification is unchanged
@@ -401,7 +431,7 @@ def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
     out = kernels.launch(draft_tokens, draft, target, dtype_name=dtype_name, lengths=lengths, temps=temps,
                          temp_scalar=temp_scalar, seed=seed, offset=offset, mode=kmode,
                          sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale, race_purpose=race_purpose,
-                         greedy=method == "greedy", options=plan, warps=warps,
+                         greedy=method == "greedy", options=plan, warps=warps, streams=streams,
                          logprobs=(lp := cupy.empty(B * (G + 1), cupy.float32)) if logprobs else None)
     return VerifyResult(out, B, lp if logprobs else None)
 
