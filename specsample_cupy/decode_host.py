@@ -9,7 +9,9 @@ target step: one run, one sampled token per request. The host reads one small re
 
 Random numbers: round r's draft run i samples at Philox offset r * (cap + 1) + i and its verify()
 at r * (cap + 1) + cap (cap: the policy's largest gamma); target step r samples at offset r. The
-device loop uses the same offsets, so both give the same tokens (up to float near-ties).
+device loop uses the same offsets, so both give the same tokens (up to float near-ties). With
+per-request streams (RequestStreams, continuous batching) each request draws with its own seed at
+those offsets counted from its own first round, as it would decoded alone (verify()'s `streams`).
 """
 from __future__ import annotations
 
@@ -43,17 +45,36 @@ def put_column(dst, i: int, src):
                                     src.strides[0], row, dst.shape[0], 3, cupy.cuda.get_current_stream().ptr)
 
 
+class RequestStreams:
+    """Per-request random streams: row b's request draws with seeds[b] and counts its rounds from
+    joined[b], the loop round it started at, so its numbers depend neither on its row nor on the
+    requests around it (continuous batching refills rows between rounds)."""
+
+    def __init__(self, seeds):
+        self.seeds = np.array(seeds, np.int64)
+        self.joined = np.zeros(len(self.seeds), np.int64)
+
+    def restart(self, rows, seeds, first_round: int):
+        """Rows rows[k] start a new request with seed seeds[k] at loop round first_round."""
+        self.seeds[rows] = seeds
+        self.joined[rows] = first_round
+
+
 class HostRounds:
     """Iterating runs rounds until every request has finished, yielding a decode_stats.Round each."""
 
     def __init__(self, dec, req, target_cache, draft_cache, *, policy, method, temperature, seed, clock,
-                 truncation=None, logprobs=False):
+                 truncation=None, logprobs=False, streams: RequestStreams | None = None):
         """truncation: top_k / top_p / min_p for sample_tokens() and verify() (both models' rows);
-        logprobs: collect each taken token's log-probability in self.logprobs (one list per request)."""
+        logprobs: collect each taken token's log-probability in self.logprobs (one list per request);
+        temperature: a scalar, or [B] of the loop's array module; streams: per-request random streams
+        (seed is then unused)."""
         self.dec, self.req, self.tc, self.dc = dec, req, target_cache, draft_cache
         self.policy, self.method, self.temperature, self.seed, self.clock = policy, method, temperature, seed, clock
         self.truncation = dict(truncation or {})
         self.logprobs = [[] for _ in range(req.batch)] if logprobs else None
+        self.streams = streams
+        self.round = 0   # the round the loop runs next
         self.per_round = policy.cap + 1
         self.read_wait_s = 0.0
         self.discarded = 0
@@ -68,8 +89,8 @@ class HostRounds:
         self.req.stop(rows)
 
     def __iter__(self):
-        r = 0
         while not self.req.finished.all():
+            r = self.round
             started = time.perf_counter()
             gamma = self.policy.next_gamma()
             active = ~self.req.finished
@@ -80,8 +101,18 @@ class HostRounds:
                 draft_len, accepted, taken = self._speculative_round(r, gamma)
                 rnd = Round(active, draft_len, accepted, taken, gamma)
             self.policy.observe(rnd, time.perf_counter() - started)
+            self.round = r + 1   # before the yield: rows refilled meanwhile start at the next round
             yield rnd
-            r += 1
+
+    def _draws(self, r: int, step: int | None = None) -> dict:
+        """The random-number keywords of sample_tokens() / verify() for round r: draft run `step` or
+        verify() (step = cap) of a speculative round, or a target step (step None); offsets as the
+        module docstring says."""
+        if self.streams is None:
+            return {"seed": self.seed, "offset": r if step is None else r * self.per_round + step}
+        own = r - self.streams.joined
+        offsets = own if step is None else own * self.per_round + step
+        return {"streams": self.dec.xp.asarray(np.stack([self.streams.seeds, offsets], axis=1))}
 
     def _read(self, packed, batch):
         started = time.perf_counter()
@@ -93,7 +124,6 @@ class HostRounds:
     def _speculative_round(self, r: int, gamma: int):
         dec, req, clock = self.dec, self.req, self.clock
         batch, vocab = req.batch, dec.target.vocab_size
-        offset_base = r * self.per_round
         if dec.draft is None:   # 1. Prompt lookup proposes up to gamma tokens per request (one-hot drafts).
             draft_tokens, draft_len, draft_logits = self._ngram_proposals(gamma)
             gamma = draft_tokens.shape[1]
@@ -116,9 +146,8 @@ class HostRounds:
             logits = dec.draft.forward(self.dc, ids, mask, positions, on_device)[:, -1]
             put_column(draft_logits, i, logits)
             with clock.span("sampling"):
-                put_column(draft_tokens, i, sample_tokens(logits, temperature=self.temperature, seed=self.seed,
-                                                          offset=offset_base + i, _out=self.sample_out,
-                                                          **self.truncation))
+                put_column(draft_tokens, i, sample_tokens(logits, temperature=self.temperature, **self._draws(r, i),
+                                                          _out=self.sample_out, **self.truncation))
 
         # 2. The target scores gamma+1 positions in one run: the last emitted token, then the drafts.
         ids = np.zeros((batch, gamma + 1), np.int64)
@@ -131,7 +160,7 @@ class HostRounds:
         lengths = dec.upload(draft_len.astype(np.int32))   # before the span: it times verify() alone
         with clock.span("verify") if dec.time_model_runs else contextlib.nullcontext():
             res = verify(draft_tokens, draft_logits, target_logits, method=self.method,
-                         temperature=self.temperature, seed=self.seed, offset=offset_base + self.policy.cap,
+                         temperature=self.temperature, **self._draws(r, self.policy.cap),
                          draft_lengths=lengths, logprobs=self.logprobs is not None, **self.truncation)
         result = self._read(res.packed, batch)
 
@@ -164,12 +193,12 @@ class HostRounds:
         res = None
         with self.clock.span("sampling"):
             if self.logprobs is None:
-                tokens = to_host(sample_tokens(logits, temperature=self.temperature, seed=self.seed, offset=r,
+                tokens = to_host(sample_tokens(logits, temperature=self.temperature, **self._draws(r),
                                                **self.truncation))
             else:   # what sample_tokens() draws (verify with gamma = 0, its purpose), with log-probabilities
                 xp, B = self.dec.xp, logits.shape[0]
                 res = verify(xp.zeros((B, 0), np.int32), xp.empty((B, 0, logits.shape[1]), logits.dtype),
-                             logits[:, None, :], temperature=self.temperature, seed=self.seed, offset=r,
+                             logits[:, None, :], temperature=self.temperature, **self._draws(r),
                              logprobs=True, _race_purpose=PURPOSE_SAMPLE, **self.truncation)
                 tokens = to_host(res.tokens[:, 0])
         bad = ~req.finished & (tokens < 0)

@@ -118,6 +118,31 @@ class Totals:
         self.gammas.append(r.gamma)
 
 
+class RequestTally:
+    """Per-row counts of the rounds a loop reports (Totals sums them over the batch; a request's own
+    line or output needs its row's). reset() starts a row over for a new request."""
+
+    def __init__(self, batch: int):
+        self.rounds = np.zeros(batch, np.int64)
+        self.proposed = np.zeros(batch, np.int64)
+        self.accepted = np.zeros(batch, np.int64)
+
+    def add(self, rnd: Round):
+        active = rnd.active
+        self.rounds += active
+        self.proposed += np.where(active, rnd.draft_len, 0)
+        self.accepted += np.where(active, rnd.accepted, 0)
+
+    def reset(self, rows):
+        for counts in (self.rounds, self.proposed, self.accepted):
+            counts[rows] = 0
+
+    def fields(self, b: int) -> dict:
+        proposed, accepted = int(self.proposed[b]), int(self.accepted[b])
+        return {"rounds": int(self.rounds[b]), "proposed": proposed, "accepted": accepted,
+                "acceptance_rate": accepted / proposed if proposed else None}
+
+
 def stats(*, method, speculative, device, req, totals: Totals, clock: Clock, timed: bool, wall_s: float,
           loop: str, extra: dict) -> dict:
     """GenerationOutput.stats (see SpeculativeDecoder.generate)."""

@@ -5,6 +5,7 @@ last token through both models), rounds (decode_device on CUDA, decode_host on t
 models without CUDA graphs: propose gamma drafts, score gamma + 1 positions, verify, take the
 accepted tokens, roll the caches back; gamma = 0 is a target-only step), statistics
 (decode_stats). Logits stay on the device; a round's one read is a few integers per request.
+generate_stream() decodes a queue of requests with continuous batching (continuous.py).
 """
 from __future__ import annotations
 
@@ -313,6 +314,37 @@ class SpeculativeDecoder:
         finally:
             self._busy.release()
 
+    def generate_stream(self, requests, batch_size: int = 8, gamma: int = 5, method: str = "exact",
+                        ignore_eos: bool = False, stop=(), top_k: int | None = None, top_p: float | None = None,
+                        min_p: float | None = None):
+        """Continuous batching: decode a queue of requests with at most batch_size in flight, a finished
+        request's row taking the next one between rounds (specsample_cupy/continuous.py).
+
+        Args:
+            requests: prompts (str) or continuous.StreamRequest(prompt, max_new_tokens, temperature,
+                seed), each with its own settings.
+            gamma: a fixed gamma (an int >= 0; 0 or method="target" decodes with the target alone);
+                "auto" and adaptive gamma are refused (ValueError).
+            method: as generate(), except "baseline" (ValueError: its numbers follow no request).
+            ignore_eos, stop, top_k, top_p, min_p: as generate(), for every request.
+
+        Returns a generator of continuous.FinishedRequest(index, text, token_ids, finish_reason,
+        stats), one per request as it finishes (index: its position in `requests`). Each request
+        gets the tokens generate([prompt], max_new_tokens, gamma, method, temperature, seed, ...)
+        gives it alone on the host loop (up to float near-ties of batched model runs): its random
+        numbers are its own (verify()'s streams). Arguments are checked at the call; the decoder is
+        busy (RuntimeError for another call) until the generator is exhausted or closed.
+
+        Example:
+            >>> reqs = [StreamRequest("def f(x):", max_new_tokens=n, seed=n) for n in (16, 64, 200)]
+            >>> for out in dec.generate_stream(reqs, batch_size=2, gamma=4):
+            ...     print(out.index, out.finish_reason, out.text)
+        """
+        from specsample_cupy.continuous import decode_stream
+        truncation = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
+        return decode_stream(self, requests, batch_size, gamma=gamma, method=method, ignore_eos=ignore_eos,
+                             stop=stop, truncation=truncation)
+
     def _check(self, method, temperature, max_new_tokens, gamma):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -346,17 +378,18 @@ class SpeculativeDecoder:
         return Requests(prompt_ids, budgets, self.target_spec.pad_token_id, eos, extra=gamma_cap + 2,
                         max_new_tokens=max_new_tokens)
 
-    def _new_caches(self, req, sessions, gamma_cap):
-        """One cache per session, of one capacity: every token a request may hold, a round's columns
-        beyond them, and the slack of rolled-back columns tolerated before a compaction. Without a
-        position_ids input a model numbers tokens by cache column, so its cache may hold no holes:
-        one request per call and compaction after every rollback."""
+    def _new_caches(self, req, sessions, gamma_cap, columns: int | None = None):
+        """One cache per session, of one capacity: every token a request may hold (columns; default
+        the width of req's sequences), a round's columns beyond them, and the slack of rolled-back
+        columns tolerated before a compaction. Without a position_ids input a model numbers tokens
+        by cache column, so its cache may hold no holes: one request per call and compaction after
+        every rollback."""
         implicit_positions = not all(getattr(s, "has_position_ids", True) for s in sessions)
         if implicit_positions and req.batch > 1:
             raise ValueError("a model of the pair has no position_ids input, so it cannot decode a batch with "
                              "padding and ragged acceptance exactly; pass one prompt per call")
         kv_slack = 0 if implicit_positions else self.kv_slack
-        capacity = req.seq.shape[1] + gamma_cap + 2 + kv_slack
+        capacity = (req.seq.shape[1] if columns is None else columns) + gamma_cap + 2 + kv_slack
         return [s.new_cache(req.batch, capacity, kv_slack) for s in sessions]
 
     def _rounds(self, req, caches, policy, method, temperature, seed, clock, auto_state=None, truncation=None,
@@ -405,15 +438,16 @@ class SpeculativeDecoder:
             for b in np.flatnonzero(rnd.active & req.finished).tolist():
                 assembler.text(b)
 
-    def _prefill(self, runs, req: Requests):
+    def _prefill(self, runs, req: Requests, only=None):
         """Feed each prompt but its last token to every (session, cache) of `runs`, chunk by chunk; every
         round starts by feeding the last token so far. The caches start empty and take the same columns,
-        so each chunk's feeds are built once, and the models' runs alternate."""
+        so each chunk's feeds are built once, and the models' runs alternate. only: [B] bool, the rows
+        to prefill (rows that start over while the others keep their caches); default all."""
         first_cache = runs[0][1]
         while True:
             n_real = first_cache.n_real
             upto = np.minimum(req.seq_len - 1, n_real + self.prefill_chunk)
-            rows = upto > n_real
+            rows = upto > n_real if only is None else (upto > n_real) & only
             if not rows.any():
                 return
             columns = req.columns(n_real, upto, rows=rows)

@@ -31,6 +31,10 @@ class TextAssembler:
         self._pending = [[] for _ in range(batch)]   # ids not yet decoded
         self._final = [None] * batch
 
+    def reset(self, b: int):
+        """Row b starts a new request (continuous batching)."""
+        self._done[b], self._pending[b], self._final[b] = "", [], None
+
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 

@@ -23,6 +23,7 @@ class Requests:
         longest row, for a round's tokens beyond a budget."""
         self.batch = len(prompt_ids)
         self.max_new_tokens = int(budgets.max(initial=0)) if max_new_tokens is None else max_new_tokens
+        self.requested = np.full(self.batch, self.max_new_tokens, np.int64)   # each row's max_new_tokens
         self.stopped = np.zeros(self.batch, bool)   # finished by stop() (a stop string), not by a rule
         self.prompt_len = np.array([len(p) for p in prompt_ids], np.int64)
         self.seq = np.full((self.batch, int((self.prompt_len + budgets).max()) + extra), pad_id, np.int64)
@@ -33,6 +34,21 @@ class Requests:
         self.finished = self.budget <= 0
         self.pad_id, self.eos_ids = pad_id, np.array(sorted(eos_ids), np.int64)
         self._eos_set = {int(t) for t in eos_ids}
+        self.extra = extra
+
+    def refill(self, b: int, prompt_ids: list[int], budget: int, max_new_tokens: int) -> None:
+        """Row b starts a new request (continuous batching): its prompt, its budget (see __init__) and
+        its max_new_tokens (what finish_reason() calls "length"). The sequences widen when it needs
+        more columns than any row so far."""
+        width = len(prompt_ids) + budget + self.extra
+        if width > self.seq.shape[1]:
+            self.seq = np.pad(self.seq, ((0, 0), (0, width - self.seq.shape[1])), constant_values=self.pad_id)
+        self.seq[b] = self.pad_id
+        self.seq[b, :len(prompt_ids)] = prompt_ids
+        self.prompt_len[b] = self.seq_len[b] = len(prompt_ids)
+        self.budget[b], self.requested[b] = budget, max_new_tokens
+        self.finished[b] = budget <= 0
+        self.stopped[b] = False
 
     @property
     def remaining(self) -> np.ndarray:
@@ -124,4 +140,4 @@ class Requests:
             return "stop"
         if n and int(self.seq[b, self.seq_len[b] - 1]) in self._eos_set:
             return "eos"
-        return "length" if n >= self.max_new_tokens else "context"
+        return "length" if n >= self.requested[b] else "context"

@@ -98,6 +98,44 @@ class KVCache:
         if self.length - int(keep.max(initial=0)) > self.slack:
             self.compact()
 
+    def reset_rows(self, rows) -> None:
+        """Rows that start over (continuous batching: a new request in a finished request's row): all
+        their slots become holes."""
+        self.mask[np.asarray(rows, np.int64)] = 0
+        if self.length - int(self.n_real.max(initial=0)) > self.slack:
+            self.compact()
+
+    def take_rows(self, rows, other: "KVCache") -> None:
+        """Row rows[k] takes the real slots of row k of `other` (a cache of the same model), in order
+        and right-aligned; its own slots become holes. Continuous batching prefills newcomers in a
+        small cache of their own, so the other rows' holes cost that prefill nothing, then moves
+        them in. The cache grows (left holes for every row) when it is shorter than a row it takes."""
+        rows = np.asarray(rows, np.int64)
+        real = [np.flatnonzero(other.mask[k]) for k in range(len(rows))]
+        self._grow(max((len(cols) for cols in real), default=0))
+        src = other._blocks(other._current, other.length)
+        dst = self._blocks(self._current, self.length)
+        with self._on_stream():
+            for k, (b, cols) in enumerate(zip(rows.tolist(), real)):
+                start = self.length - len(cols)
+                if len(cols):
+                    dst[:, b, :, start:] = src[:, k][:, :, self.xp.asarray(cols)]
+                self.mask[b] = 0
+                self.mask[b, start:] = 1
+
+    def _grow(self, length: int) -> None:
+        """At least `length` columns: the slots move right into the other buffer, holes before them."""
+        if length <= self.length:
+            return
+        if length > self.capacity:
+            raise RuntimeError(f"KV cache full: {length} columns needed, capacity {self.capacity}")
+        with self._on_stream():
+            dst = self._blocks(1 - self._current, length)
+            dst[:, :, :, :length - self.length] = 0
+            dst[:, :, :, length - self.length:] = self._blocks(self._current, self.length)
+        self.mask = np.pad(self.mask, ((0, 0), (length - self.length, 0)))
+        self._current, self.length = 1 - self._current, length
+
     def compact(self):
         """Move each row's real slots, in order and right-aligned, to the front of the other buffer."""
         new_length = int(self.n_real.max(initial=0))

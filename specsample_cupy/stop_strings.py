@@ -45,6 +45,10 @@ class StopStrings:
         self.searched = [0] * batch                          # characters of each text searched, no match
         self.matched = np.zeros(batch, bool)
 
+    def reset(self, b: int):
+        """Row b starts a new request (continuous batching)."""
+        self.searched[b], self.matched[b] = 0, False
+
     def _text(self, ids) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
@@ -66,8 +70,12 @@ class StopStrings:
     def cut(self, texts: list[str], token_ids: list[list[int]]) -> None:
         """Cut the matched requests' texts and ids in place (module docstring)."""
         for b in np.flatnonzero(self.matched).tolist():
-            texts[b], _ = cut_text(self._text(token_ids[b]), self.stops)
-            token_ids[b] = token_ids[b][:self._shortest_match(token_ids[b])]
+            texts[b], token_ids[b] = self.cut_row(token_ids[b])
+
+    def cut_row(self, ids: list[int]) -> tuple[str, list[int]]:
+        """A matched request's (text, token_ids), cut (module docstring)."""
+        text, _ = cut_text(self._text(ids), self.stops)
+        return text, ids[:self._shortest_match(ids)]
 
     def _shortest_match(self, ids) -> int:
         """The fewest leading ids whose text holds a stop string (len(ids) when none does)."""

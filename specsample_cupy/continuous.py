@@ -1,0 +1,249 @@
+"""Continuous batching: a queue of requests decoded with at most B in flight
+(SpeculativeDecoder.generate_stream()).
+
+A row whose request finishes takes the next request of the queue between two rounds, so throughput
+does not wait for the slowest request of a batch. The newcomer's prompt is prefilled in a small cache
+of its own (the other rows' caches are left alone, and their columns cost that prefill nothing), then
+moved into its row, whose old slots become holes (KVCache.take_rows); the next round decodes every
+row. Caches that cannot take rows (CUDA-graph sessions' fixed buffers) prefill the newcomer in place:
+its row is reset and fed while the other rows' columns are holes.
+
+Every request has its own max_new_tokens, temperature and seed. Its random numbers are keyed by its
+seed and counted from its own first round (decode_host.RequestStreams, verify()'s `streams`), never
+by its row or by the requests around it, so it gets the tokens generate([prompt], seed=seed, ...)
+gives it alone, greedy or sampled (up to float near-ties of the batched model runs).
+
+The rounds are the host loop's (decode_host.HostRounds), on the CPU and on CUDA; gamma is fixed
+(0, or method "target": target-only steps).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from numbers import Integral, Real
+
+import numpy as np
+
+from specsample_cupy.decode_host import HostRounds, RequestStreams
+from specsample_cupy.decode_stats import Clock, RequestTally
+from specsample_cupy.detokenize import TextAssembler
+from specsample_cupy.gamma_policy import FixedGamma
+from specsample_cupy.requests import Requests
+from specsample_cupy.sessions_cache import KVCache
+from specsample_cupy.stop_strings import StopStrings, check_stop_strings
+from specsample_cupy.verify import SAMPLING_ONLY
+
+
+@dataclass
+class StreamRequest:
+    """One request of generate_stream(): a prompt and its own settings."""
+    prompt: str
+    max_new_tokens: int = 64
+    temperature: float = 1.0   # 0: greedy
+    seed: int = 0
+
+
+@dataclass
+class FinishedRequest:
+    """A request generate_stream() has finished, as generate() would return it alone."""
+    index: int                  # its position in the requests given
+    text: str
+    token_ids: list[int]        # EOS included when one was produced; cut after a stop string
+    finish_reason: str          # length | eos | context | stop
+    stats: dict = field(default_factory=dict)   # new_tokens, rounds, proposed, accepted, acceptance_rate,
+    #                                             latency_s (from taking a row to finishing, prefill included)
+
+
+def check_requests(requests, method: str) -> list[StreamRequest]:
+    """The requests as StreamRequests (a str is a prompt with the defaults); TypeError/ValueError
+    naming the request otherwise."""
+    out = []
+    for i, r in enumerate([requests] if isinstance(requests, (str, StreamRequest)) else list(requests)):
+        r = StreamRequest(r) if isinstance(r, str) else r
+        if not isinstance(r, StreamRequest) or not isinstance(r.prompt, str):
+            raise TypeError(f"request {i} must be a str or a StreamRequest with a str prompt, got {r!r:.80}")
+        if not isinstance(r.max_new_tokens, Integral) or isinstance(r.max_new_tokens, bool) or r.max_new_tokens < 0:
+            raise ValueError(f"request {i}: max_new_tokens must be an int >= 0, got {r.max_new_tokens!r}")
+        if not (isinstance(r.temperature, Real) and not isinstance(r.temperature, bool)
+                and np.isfinite(r.temperature) and r.temperature >= 0):
+            raise ValueError(f"request {i}: temperature must be finite and >= 0, got {r.temperature!r}")
+        if r.temperature == 0 and method in SAMPLING_ONLY:
+            raise ValueError(f"request {i}: method {method!r} needs temperature > 0; use method='greedy'")
+        if not isinstance(r.seed, Integral) or isinstance(r.seed, bool):
+            raise ValueError(f"request {i}: seed must be an int, got {r.seed!r}")
+        out.append(r)
+    if not out:
+        raise ValueError("no requests given")
+    return out
+
+
+def decode_stream(dec, requests, batch_size: int, *, gamma: int, method: str, ignore_eos: bool, stop,
+                  truncation: dict):
+    """Check the arguments now (ValueError/TypeError), then return the generator of FinishedRequests
+    that SpeculativeDecoder.generate_stream() documents."""
+    if gamma == "auto" or not isinstance(gamma, Integral) or isinstance(gamma, bool) or gamma < 0:
+        raise ValueError(f"continuous batching takes a fixed gamma (an int >= 0), got {gamma!r}: automatic "
+                         "and adaptive gamma choose per call from the whole batch")
+    if method == "baseline":
+        raise ValueError("method 'baseline' draws from a stateful generator, so a request's tokens would depend "
+                         "on the rows around it; continuous batching takes exact, sigmoid, sigmoid-paper, greedy "
+                         "or target")
+    if not isinstance(batch_size, Integral) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    dec._check(method, 1.0, 0, gamma)
+    truncation = dec._check_truncation(method, 1.0, False, **truncation)
+    stops = check_stop_strings(stop)
+    requests = check_requests(requests, method)
+    speculative = method != "target" and gamma > 0
+    sessions = (dec.target, dec.draft) if speculative and dec.draft is not None else (dec.target,)
+    if not all(getattr(s, "has_position_ids", True) for s in sessions):
+        raise ValueError("continuous batching needs models with a position_ids input (a refilled row's tokens "
+                         "sit after other requests' columns)")
+    prompt_ids = dec.encode_prompts([r.prompt for r in requests])
+    context = dec.context_length or 1 << 62
+    budgets = np.array([min(r.max_new_tokens, context - len(p)) for r, p in zip(requests, prompt_ids)], np.int64)
+    run = _Run(dec, requests, prompt_ids, budgets, sessions, gamma if speculative else 0, method, ignore_eos,
+               stops, truncation)
+    return run.results(batch_size)
+
+
+def takes_rows(caches) -> bool:
+    """Whether every cache can take a newcomer's row from a cache of its own (KVCache.take_rows): the
+    fixed buffers of CUDA-graph sessions (sessions_static) cannot."""
+    return all(type(cache) is KVCache for cache in caches)
+
+
+class _Run:
+    """One generate_stream() call: the queue, the rows and what each row's request has done."""
+
+    def __init__(self, dec, requests, prompt_ids, budgets, sessions, gamma, method, ignore_eos, stops, truncation):
+        self.dec, self.requests, self.prompt_ids, self.budgets = dec, requests, prompt_ids, budgets
+        self.sessions, self.gamma, self.stops, self.truncation = sessions, gamma, stops, truncation
+        self.method = method if gamma > 0 else "target"
+        self.greedy = method == "greedy"
+        self.eos = () if ignore_eos else dec.target_spec.eos_token_ids
+        self.queue = deque(range(len(requests)))
+
+    def results(self, batch_size: int):
+        """FinishedRequests as requests finish; the decoder is busy until the generator ends."""
+        dec = self.dec
+        if not dec._busy.acquire(blocking=False):
+            raise RuntimeError("this SpeculativeDecoder is already generating (in another thread): a decoder "
+                               "runs one call at a time; use one decoder per thread")
+        try:
+            B = min(batch_size, int((self.budgets > 0).sum()))
+            first, empty = self._take(B if B else len(self.queue))
+            yield from empty
+            if first:
+                yield from self._decode(first)
+        finally:
+            dec._busy.release()
+
+    def _take(self, n: int):
+        """(up to n request indices for rows, in queue order; FinishedRequests of the requests met on
+        the way that have nothing to generate, max_new_tokens 0)."""
+        taken, empty = [], []
+        while self.queue and len(taken) < n:
+            i = self.queue.popleft()
+            if self.budgets[i] > 0:
+                taken.append(i)
+            else:
+                empty.append(FinishedRequest(i, "", [], "length", {"new_tokens": 0, "rounds": 0, "proposed": 0,
+                                                                   "accepted": 0, "acceptance_rate": None,
+                                                                   "latency_s": 0.0}))
+        return taken, empty
+
+    def _decode(self, first: list[int]):
+        dec, B = self.dec, len(first)
+        self.req = Requests([self.prompt_ids[i] for i in first], self.budgets[first], dec.target_spec.pad_token_id,
+                            self.eos, extra=self.gamma + 2)
+        self.req.requested[:] = [self.requests[i].max_new_tokens for i in first]
+        self.rows, self.admitted = list(first), np.full(B, time.perf_counter())
+        longest = max(len(p) + int(n) for p, n in zip(self.prompt_ids, self.budgets))
+        # In-place prefills append a newcomer's prompt to every row's columns.
+        columns = longest + self.gamma + 2 + min(dec.prefill_chunk, max(map(len, self.prompt_ids)))
+        with dec._on_stream():
+            self.caches = dec._new_caches(self.req, self.sessions, self.gamma, columns=columns)
+            dec._prefill(list(zip(self.sessions, self.caches)), self.req)
+        self.temps = np.array([self.requests[i].temperature for i in first], np.float32)
+        self.streams = RequestStreams([self.requests[i].seed for i in first])
+        self.loop = HostRounds(dec, self.req, self.caches[0], self.caches[1] if len(self.caches) > 1 else None,
+                               policy=FixedGamma(self.gamma), method=self.method, temperature=self._temperature(),
+                               seed=0, clock=Clock(None, []), truncation=self.truncation, streams=self.streams)
+        self.assembler = TextAssembler(dec.tokenizer, B, incremental=True)
+        self.stopper = StopStrings(self.stops, dec.tokenizer, B) if self.stops else None
+        self.tally = RequestTally(B)
+        rounds = iter(self.loop)
+        while True:
+            # The decoder's stream is current only while it works, not while the caller holds a result.
+            with dec._on_stream():
+                rnd = next(rounds, None)
+                if rnd is None:
+                    return
+                done = self._after_round(rnd)
+                finished = [self._finished(b) for b in done]
+            yield from finished
+            with dec._on_stream():
+                empty = self._refill(done)
+            yield from empty
+
+    def _temperature(self):
+        """HostRounds' temperature: 0 for method greedy, else each row's, on the loop's device."""
+        return 0.0 if self.greedy else self.dec.xp.asarray(self.temps)
+
+    def _after_round(self, rnd) -> list[int]:
+        """Hand the round's tokens on; the rows whose requests it finished (a rule or a stop string)."""
+        self.tally.add(rnd)
+        self.dec._deliver(rnd, self.req, self.assembler, None)
+        if self.stopper is not None:
+            stopped = self.stopper.after_round(rnd, self.assembler.current)
+            if stopped:
+                self.loop.finish(stopped)
+        return np.flatnonzero(rnd.active & self.req.finished).tolist()
+
+    def _finished(self, b: int) -> FinishedRequest:
+        req = self.req
+        text, ids = self.assembler.text(b), req.generated(b)
+        if self.stopper is not None and self.stopper.matched[b]:
+            text, ids = self.stopper.cut_row(ids)
+        stats = {"new_tokens": len(ids), **self.tally.fields(b), "latency_s": float(time.perf_counter() - self.admitted[b])}
+        return FinishedRequest(self.rows[b], text, ids, req.finish_reason(b), stats)
+
+    def _refill(self, done: list[int]) -> list[FinishedRequest]:
+        """Give the rows `done` the next requests of the queue and prefill them; returns the
+        FinishedRequests of queued requests with nothing to generate."""
+        picks, empty = self._take(len(done))
+        rows = done[:len(picks)]
+        if not rows:
+            return empty
+        now = time.perf_counter()
+        for b, i in zip(rows, picks):
+            self.req.refill(b, self.prompt_ids[i], int(self.budgets[i]), self.requests[i].max_new_tokens)
+            self.assembler.reset(b)
+            if self.stopper is not None:
+                self.stopper.reset(b)
+            self.rows[b], self.admitted[b] = i, now
+            self.temps[b] = self.requests[i].temperature
+        self.tally.reset(rows)
+        self.streams.restart(rows, [self.requests[i].seed for i in picks], self.loop.round)
+        self.loop.temperature = self._temperature()
+        self._prefill_rows(rows, [self.prompt_ids[i] for i in picks])
+        return empty
+
+    def _prefill_rows(self, rows: list[int], prompts: list[list[int]]):
+        """Every newcomer's prompt but its last token into its row of every cache (module docstring)."""
+        dec, runs = self.dec, list(zip(self.sessions, self.caches))
+        if takes_rows(self.caches):
+            side = Requests(prompts, np.ones(len(prompts), np.int64), dec.target_spec.pad_token_id, (), extra=0)
+            width = max(map(len, prompts))
+            side_caches = [session.new_cache(len(prompts), width, slack=width) for session in self.sessions]
+            dec._prefill(list(zip(self.sessions, side_caches)), side)
+            for cache, side_cache in zip(self.caches, side_caches):
+                cache.take_rows(rows, side_cache)
+            return
+        only = np.zeros(self.req.batch, bool)
+        only[rows] = True
+        for cache in self.caches:
+            cache.reset_rows(rows)
+        dec._prefill(runs, self.req, only=only)
