@@ -1,11 +1,13 @@
 """`specsample generate`: decode every request of a dataset file into a JSONL file, resumably.
 
 Each request's line is appended (and flushed) as the request finishes and the file is fsync'ed after
-every batch, so an interrupted run loses at most the requests still being decoded; running the same
-command again skips the ids the output already holds and cuts away a torn last line. Bad input lines
-(malformed, duplicate or missing ids, prompts too long for the context) are reported on stderr and
-skipped. The grouping of requests into generate() calls is generate_run's batching rule. With --ray,
-cli_generate_ray hands the same batches to a pool of Ray workers and this process writes their lines.
+every --batch-size lines, so an interrupted run loses at most the requests still being decoded; running
+the same command again skips the ids the output already holds and cuts away a torn last line. Bad input
+lines (malformed, duplicate or missing ids, prompts too long for the context) are reported on stderr and
+skipped. Requests are decoded with continuous batching (generate_run.Runner.run_stream), or with
+--static (and where continuous batching cannot run: --gamma auto, --adaptive-gamma, method baseline)
+in generate() calls by generate_run's batching rule. With --ray, cli_generate_ray hands those static
+batches to a pool of Ray workers and this process writes their lines.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from specsample_cupy.cli_decode import CONTEXT_SETTINGS, Prompt, decode, encode_
 from specsample_cupy.generate_input import FORMATS, Settings, read_requests
 from specsample_cupy.generate_output import OutputBusy, ResultWriter
 from specsample_cupy.generate_ray_worker import WorkerSetup
-from specsample_cupy.generate_run import DecodeOptions, Runner, batches
+from specsample_cupy.generate_run import DecodeOptions, Runner, batches, continuous_allowed
 from specsample_cupy.verify import SAMPLING_ONLY
 
 # `specsample decode`'s options that mean the same here (their click.Option objects, shared).
@@ -140,7 +142,12 @@ def _summary(runner, read_as: str, already_done: int, rejected: int, wall_s: flo
 @click.option("--input-format", type=click.Choice(FORMATS), default="auto", show_default=True,
               help="auto: JSONL for a *.jsonl name or when most non-blank lines are JSON objects, else text.")
 @click.option("--batch-size", default=8, show_default=True, type=click.IntRange(min=1),
-              help="Requests per generate() call, at most; a call takes only requests of equal settings.")
+              help="Requests decoded at once: the rows of continuous batching, or with --static the most "
+                   "requests per generate() call (a call takes only requests of equal settings).")
+@click.option("--static", "static", is_flag=True,
+              help="Static batching: a batch waits for its slowest request before the next starts. Default: "
+                   "continuous batching, a finished request's row takes the next request at once (each request "
+                   "gets the tokens it gets decoded alone).")
 @click.option("--gamma", default="5", show_default=True, type=GammaType(),
               help="Draft tokens per round, 0 for the target alone, or 'auto'.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
@@ -155,8 +162,8 @@ def _summary(runner, read_as: str, already_done: int, rejected: int, wall_s: flo
               help="With --ray: join this Ray cluster ('auto': the one `ray start` runs on this machine) instead "
                    "of starting a local Ray sized for the workers.")
 def generate(input_path, output_path, target, draft, ngram_min, ngram_max, device, method, max_new_tokens,
-             stop_strings, top_k, top_p, min_p, temperature, seed, adaptive_gamma, input_format, batch_size, gamma, progress, on_ray, workers,
-             gpus_per_worker, ray_address):
+             stop_strings, top_k, top_p, min_p, temperature, seed, adaptive_gamma, input_format, batch_size, static,
+             gamma, progress, on_ray, workers, gpus_per_worker, ray_address):
     """Decode a dataset of requests into a JSONL file, resumably.
 
     Each line of --output is one request: id, line, text, token_ids, finish_reason, new_tokens, its
@@ -164,7 +171,9 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
     (a JSONL line's "max_new_tokens", "temperature" and "seed" override the options of those names).
     Re-running with the same --output decodes only the ids it does not hold yet. Bad input lines are
     reported on stderr (FILE:LINE: why) and skipped; the exit status is 1 only when nothing could be
-    decoded. With --ray, Ray workers decode the same batches and this process writes their lines.
+    decoded. Requests are batched continuously unless --static is given or the options need static
+    batching (--gamma auto, --adaptive-gamma, --method baseline; a note says so). With --ray, Ray
+    workers decode static batches and this process writes their lines.
     """
     from specsample_cupy.cli_generate_ray import generate_on_ray, ray_pool   # it imports this module
 
@@ -198,9 +207,16 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
             click.echo(f"{why}; skipped", err=True)
         rejected = len(rejections) + len(pending) - len(todo)
         runner = Runner(decoder, writer, DecodeOptions(method, gamma, adaptive_gamma, tuple(stop_strings), truncation(top_k, top_p, min_p)), len(todo), progress)
+        why_static = "--static" if static else continuous_allowed(gamma, adaptive_gamma, method)
+        if why_static and not static:
+            click.echo(f"batching statically: {why_static}", err=True)
+        source = lambda r: f"{name}:{r.line}"
         try:
-            for batch in batches(todo, batch_size):
-                runner.run(batch, lambda r: f"{name}:{r.line}")
+            if why_static:
+                for batch in batches(todo, batch_size):
+                    runner.run(batch, source)
+            elif todo:
+                runner.run_stream(todo, batch_size, source)
         finally:
             runner.close()
     finally:

@@ -1,10 +1,16 @@
-"""Running `specsample generate`'s requests: batching, one generate() call per batch, a line per request
-as it finishes, progress, and the time spent inside and outside generate().
+"""Running `specsample generate`'s requests: a line per request as it finishes, progress, and the time
+spent inside and outside the decoder's calls.
 
-Batching rule: requests of one generate() call share its max_new_tokens, temperature and seed, so a
-request joins only a batch of equal settings. In input order, each request joins the open batch of its
-settings; a batch runs as soon as it holds --batch-size requests; at the end of the input the partial
-batches run in the order their first requests came.
+Continuous batching (Runner.run_stream, the default): every request goes through one
+generate_stream() call with --batch-size rows, each request with its own settings; a finished
+request's row takes the next request at once. It needs a fixed gamma and a method whose random
+numbers follow the request (not "baseline"): continuous_allowed() says why not.
+
+Static batching (Runner.run, --static): one generate() call per batch. Requests of one call share its
+max_new_tokens, temperature and seed, so a request joins only a batch of equal settings. In input
+order, each request joins the open batch of its settings; a batch runs as soon as it holds
+--batch-size requests; at the end of the input the partial batches run in the order their first
+requests came.
 """
 from __future__ import annotations
 
@@ -14,6 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specsample_cupy.continuous import StreamRequest
+from specsample_cupy.decode_stats import RequestTally
 from specsample_cupy.generate_input import Request
 
 
@@ -28,6 +36,15 @@ def batches(requests: list[Request], batch_size: int):
     yield from open_batches.values()
 
 
+def continuous_allowed(gamma, adaptive_gamma: bool, method: str) -> str | None:
+    """None when a run with these options can batch continuously, else why not."""
+    if gamma == "auto" or adaptive_gamma:
+        return "continuous batching takes a fixed gamma"
+    if method == "baseline":
+        return "method baseline's random numbers do not follow the request"
+    return None
+
+
 @dataclass
 class DecodeOptions:
     """What every generate() call of a run shares (the per-request settings come from each batch)."""
@@ -36,27 +53,6 @@ class DecodeOptions:
     adaptive_gamma: bool
     stop: tuple = ()   # stop strings (generate(stop=...))
     truncation: dict = field(default_factory=dict)   # generate()'s top_k / top_p / min_p
-
-
-class RoundTally:
-    """Per-request counts from the rounds a generate() call reports: the decoder's stats sum them over
-    the batch, a line needs each request's own."""
-
-    def __init__(self, batch: int):
-        self.rounds = np.zeros(batch, np.int64)
-        self.proposed = np.zeros(batch, np.int64)
-        self.accepted = np.zeros(batch, np.int64)
-
-    def add(self, rnd):
-        active = rnd.active
-        self.rounds += active
-        self.proposed += np.where(active, rnd.draft_len, 0)
-        self.accepted += np.where(active, rnd.accepted, 0)
-
-    def fields(self, b: int) -> dict:
-        proposed, accepted = int(self.proposed[b]), int(self.accepted[b])
-        return {"rounds": int(self.rounds[b]), "proposed": proposed, "accepted": accepted,
-                "acceptance_rate": accepted / proposed if proposed else None}
 
 
 class Runner:
@@ -79,17 +75,18 @@ class Runner:
         bookkeeping inside them (its round callback)."""
         return self.generate_s - self.callback_s
 
-    def _write(self, request: Request, ids: list[int], text: str, reason: str, tally: RoundTally, b: int,
-               latency_s: float, batch_size: int):
+    def _write(self, request: Request, ids: list[int], text: str, reason: str, counts: dict, latency_s: float,
+               batch_size: int):
+        """counts: the request's rounds, proposed, accepted and acceptance_rate (RequestTally.fields)."""
         s = request.settings
         self.writer.write({"id": request.id, "line": request.line, "text": text, "token_ids": ids,
-                           "finish_reason": reason, "new_tokens": len(ids), **tally.fields(b),
+                           "finish_reason": reason, "new_tokens": len(ids), **counts,
                            "latency_s": latency_s, "batch_size": batch_size,
                            "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed})
         self.written += 1
         self.tokens += len(ids)
-        self.proposed += int(tally.proposed[b])
-        self.accepted += int(tally.accepted[b])
+        self.proposed += counts["proposed"]
+        self.accepted += counts["accepted"]
         elapsed = time.perf_counter() - self.started
         acceptance = f"{self.accepted / self.proposed:.2f}" if self.proposed else "-"
         self.bar.set_postfix_str(f"{self.tokens / elapsed:.1f} tok/s, acceptance {acceptance}", refresh=False)
@@ -98,7 +95,7 @@ class Runner:
     def run(self, batch: list[Request], source):
         """Decode one batch (equal settings); source(request) names a request in messages."""
         s, tokenizer = batch[0].settings, self.decoder.tokenizer
-        tally, written = RoundTally(len(batch)), np.zeros(len(batch), bool)
+        tally, written = RequestTally(len(batch)), np.zeros(len(batch), bool)
 
         def on_round(rnd, req):
             entered = time.perf_counter()
@@ -107,7 +104,7 @@ class Runner:
             for b in np.flatnonzero(req.finished & ~req.stopped & ~written).tolist():
                 ids = req.generated(b)
                 self._write(batch[b], ids, tokenizer.decode(ids, skip_special_tokens=True), req.finish_reason(b),
-                            tally, b, entered - started, len(batch))
+                            tally.fields(b), entered - started, len(batch))
                 written[b] = True
             self.callback_s += time.perf_counter() - entered
 
@@ -131,9 +128,41 @@ class Runner:
         # Requests that no round reported finished (max_new_tokens 0) or that a stop string ended are
         # written from the output.
         for b in np.flatnonzero(~written).tolist():
-            self._write(batch[b], out.token_ids[b], out.texts[b], out.finish_reasons[b], tally, b,
+            self._write(batch[b], out.token_ids[b], out.texts[b], out.finish_reasons[b], tally.fields(b),
                         ended - started, len(batch))
         self.writer.sync()
+
+    def run_stream(self, requests: list[Request], batch_size: int, source):
+        """Decode the requests with continuous batching (module docstring), each with its own settings;
+        source(request) names a request in messages. A line per request as it finishes, the file
+        synced every batch_size lines. A call the decoder refuses (ValueError) fails the requests it
+        had not finished: they are reported on stderr, and a re-run retries them."""
+        o = self.options
+        stream = [StreamRequest(r.prompt, r.settings.max_new_tokens, r.settings.temperature, r.settings.seed)
+                  for r in requests]
+        rows = min(batch_size, len(requests))
+        written = np.zeros(len(requests), bool)
+        started = time.perf_counter()
+        try:
+            results = self.decoder.generate_stream(stream, batch_size, gamma=o.gamma, method=o.method, stop=o.stop,
+                                                   **o.truncation)
+            for out in results:
+                entered = time.perf_counter()
+                counts = {k: out.stats[k] for k in ("rounds", "proposed", "accepted", "acceptance_rate")}
+                self._write(requests[out.index], out.token_ids, out.text, out.finish_reason, counts,
+                            out.stats["latency_s"], rows)
+                written[out.index] = True
+                if written.sum() % batch_size == 0:
+                    self.writer.sync()
+                self.callback_s += time.perf_counter() - entered
+        except ValueError as exc:   # the decoder refused: report what it did not write (a re-run retries it)
+            for i in np.flatnonzero(~written).tolist():
+                self.bar.write(f"{source(requests[i])}: not generated: {exc}", file=sys.stderr)
+                self.failed += 1
+                self.bar.update(1)
+        finally:
+            self.generate_s += time.perf_counter() - started
+            self.writer.sync()
 
     def close(self):
         self.bar.close()

@@ -63,7 +63,8 @@ def test_greedy_lines_equal_the_single_process_run(pair, tmp_path):
     _write_jsonl(source, objects)
     with source.open("a") as f:
         f.write("{oops\n")
-    alone = _run(pair, source, tmp_path / "alone.jsonl", *GREEDY)
+    # Ray workers decode static batches: the single-process run batches likewise (batch_size per line).
+    alone = _run(pair, source, tmp_path / "alone.jsonl", *GREEDY, "--static")
     pooled = _run(pair, source, tmp_path / "pooled.jsonl", *GREEDY, *ON_RAY)
     assert alone.exit_code == 0, alone.stderr
     assert pooled.exit_code == 0, pooled.stderr

@@ -1,6 +1,7 @@
 """`specsample generate` on the tiny pair, on the CPU: JSONL and text input, one valid line per request,
 resume (after a clean run, a torn last line, and a real kill -9), bad lines reported and skipped,
-batching by settings, and the same tokens as `specsample decode` and the decoder."""
+continuous batching (each line what its request gets alone) and static batching by settings, and the
+same tokens as `specsample decode` and the decoder."""
 import json
 import os
 import signal
@@ -73,7 +74,7 @@ def test_jsonl_input_matches_the_decoder_batch_by_batch(pair, reference, tmp_pat
     objects.insert(2, {"id": 99, "prompt": "the sea", "max_new_tokens": 5, "temperature": 0.5, "seed": 7})
     _write_jsonl(tmp_path / "in.jsonl", objects)
     result = _run(pair, tmp_path / "in.jsonl", tmp_path / "out.jsonl", "--max-new-tokens", "10", "--gamma", "3",
-                  "--seed", "11", "--batch-size", "4")
+                  "--seed", "11", "--batch-size", "4", "--static")
     assert result.exit_code == 0, result.stderr
     lines = _by_id(_lines(tmp_path / "out.jsonl"))
     assert set(lines) == {"r0", "r1", "r2", "r3", 99}
@@ -91,6 +92,29 @@ def test_jsonl_input_matches_the_decoder_batch_by_batch(pair, reference, tmp_pat
     assert (lines[99]["max_new_tokens"], lines[99]["temperature"], lines[99]["seed"]) == (5, 0.5, 7)
     assert "5 written, 0 skipped as already done, 0 line(s) rejected" in result.stderr
     assert "outside generate() calls" in result.stderr
+
+
+def test_jsonl_input_batched_continuously_matches_each_request_alone(pair, reference, tmp_path):
+    """The default, continuous batching: requests of any settings share the rows, and every line holds
+    what generate() gives its request alone, sampled with the request's own seed."""
+    objects = [{"id": f"r{i}", "prompt": p, "max_new_tokens": 4 + 3 * i} for i, p in enumerate(PROMPTS)]
+    objects.insert(2, {"id": 99, "prompt": "the sea", "max_new_tokens": 5, "temperature": 0.5, "seed": 7})
+    _write_jsonl(tmp_path / "in.jsonl", objects)
+    result = _run(pair, tmp_path / "in.jsonl", tmp_path / "out.jsonl", "--max-new-tokens", "10", "--gamma", "3",
+                  "--seed", "11", "--temperature", "0.8", "--batch-size", "3")
+    assert result.exit_code == 0, result.stderr
+    lines = _by_id(_lines(tmp_path / "out.jsonl"))
+    assert set(lines) == {o["id"] for o in objects}
+    for o in objects:
+        line = lines[o["id"]]
+        alone = reference.generate([o["prompt"]], max_new_tokens=o["max_new_tokens"], gamma=3,
+                                   temperature=o.get("temperature", 0.8), seed=o.get("seed", 11))
+        assert (line["token_ids"], line["text"], line["finish_reason"]) == \
+            (alone.token_ids[0], alone.texts[0], alone.finish_reasons[0])
+        assert (line["proposed"], line["accepted"]) == (alone.stats["proposed"], alone.stats["accepted"])
+        assert line["batch_size"] == 3 and line["latency_s"] > 0 and line["max_new_tokens"] == o["max_new_tokens"]
+    assert "7 written, 0 skipped as already done, 0 line(s) rejected" in result.stderr
+    assert "batching statically" not in result.stderr
 
 
 def test_text_input_ids_are_line_numbers_and_resume_skips_them(pair, tmp_path):
@@ -189,12 +213,39 @@ def test_a_refused_batch_is_reported_per_request(pair, tmp_path, monkeypatch):
     def refuse(self, *args, **kwargs):
         raise ValueError("a model of the pair cannot decode this batch")
     monkeypatch.setattr(SpeculativeDecoder, "generate", refuse)
+    monkeypatch.setattr(SpeculativeDecoder, "generate_stream", refuse)
     (tmp_path / "p.txt").write_text("the sea\nrain\n")
     result = _run(pair, tmp_path / "p.txt", tmp_path / "out.jsonl")
     assert result.exit_code == 1 and "nothing was generated" in result.stderr
     for n in (1, 2):
         assert f"{tmp_path / 'p.txt'}:{n}: not generated: a model of the pair cannot decode this batch" in result.stderr
     assert "0 written, 0 skipped as already done, 0 line(s) rejected, 2 failed" in result.stderr
+
+
+def test_a_stream_refused_midway_keeps_its_lines_and_reports_the_rest(pair, tmp_path, monkeypatch):
+    real = SpeculativeDecoder.generate_stream
+
+    def fail_after_one(self, *args, **kwargs):
+        results = real(self, *args, **kwargs)
+        yield next(results)
+        results.close()
+        raise ValueError("target logits hold NaN/+Inf")
+    monkeypatch.setattr(SpeculativeDecoder, "generate_stream", fail_after_one)
+    (tmp_path / "p.txt").write_text("the sea\nrain\na\n")
+    result = _run(pair, tmp_path / "p.txt", tmp_path / "out.jsonl", "--max-new-tokens", "4", "--batch-size", "2")
+    assert result.exit_code == 0, result.stderr
+    assert len(_lines(tmp_path / "out.jsonl")) == 1
+    assert result.stderr.count("not generated: target logits hold NaN/+Inf") == 2
+    assert "1 written, 0 skipped as already done, 0 line(s) rejected, 2 failed" in result.stderr
+
+
+def test_options_continuous_batching_cannot_take_batch_statically_with_a_note(pair, tmp_path):
+    (tmp_path / "p.txt").write_text("the sea\nrain\n")
+    for args in (["--gamma", "auto"], ["--adaptive-gamma"], ["--method", "baseline"]):
+        out = tmp_path / f"out{len(args)}{args[-1]}.jsonl"
+        result = _run(pair, tmp_path / "p.txt", out, "--max-new-tokens", "4", *args)
+        assert result.exit_code == 0, result.stderr
+        assert "batching statically:" in result.stderr and len(_lines(out)) == 2
 
 
 def test_greedy_lines_equal_specsample_decode(pair, tmp_path):
