@@ -38,7 +38,7 @@ namespace cg = cooperative_groups;
 #define WR_BINS 2048          // the widest pass: 11 bits
 #define WR_INF __int_as_float(0x7f800000)
 #define WR_LOG2E 1.4426950408889634f
-#define WR_UNROLL 8           // loads in flight per thread while copying the slice
+#define WR_GATHER 1024        // a linear bin with at most this many entries is gathered and sorted
 
 struct WarpHist {
   unsigned count[WR_BINS];
@@ -50,6 +50,7 @@ struct Crossing {
   int bin;
   unsigned count_below;
   float mass_below, mass_bin;
+  unsigned count_bin;
 };
 
 struct CountMass {
@@ -85,6 +86,8 @@ struct RowSelect {
   CountMass* chunk_total;
   Crossing* cross;
   int* flags;
+  int* list_len;       // read by the peers: this block's number of gathered candidates
+  float* sum_red;      // SS_WARPS floats
 
   // exp((z - M) / T), as verify_kernel weighs an entry.
   __device__ __forceinline__ float mass_of(float v) const { return ex2_approx(fmaf(v, c, -mc)); }
@@ -181,7 +184,8 @@ struct RowSelect {
     }
     if (by_mass && frac > 0.f) target_mass = frac * total.m;
     // This chunk's first bin reaching the target, and its last non-empty bin (the fallback).
-    const Crossing here = {mybin, before_chunk.c + below_in_chunk.c, before_chunk.m + below_in_chunk.m, mine.m};
+    const Crossing here = {mybin, before_chunk.c + below_in_chunk.c, before_chunk.m + below_in_chunk.m, mine.m,
+                           mine.c};
     const bool reach = (int)threadIdx.x < chunk && mine.c > 0u &&
         (by_mass ? here.mass_below + mine.m >= target_mass : here.count_below + mine.c >= target_count);
     const int hit = block_reduce(reach ? mybin : 0x7fffffff, MinInt(), red);
@@ -191,7 +195,7 @@ struct RowSelect {
     if (threadIdx.x == 0) { flags[0] = hit != 0x7fffffff; flags[1] = last >= 0; }
     cluster.sync();
     // The lowest rank with a hit has the crossing; without one, the highest non-empty bin.
-    Crossing out = {WR_BINS - 1, total.c, total.m, 0.f};
+    Crossing out = {WR_BINS - 1, total.c, total.m, 0.f, 0u};
     bool done = false;
     for (int r = 0; r < WR_CLUSTER && !done; ++r) {
       if (*cluster.map_shared_rank(&flags[0], r)) { out = cluster.map_shared_rank(cross, r)[0]; done = true; }
@@ -200,6 +204,97 @@ struct RowSelect {
       if (*cluster.map_shared_rank(&flags[1], r)) { out = cluster.map_shared_rank(cross, r)[1]; done = true; }
     }
     return out;
+  }
+
+  // The linear level's bin `lin` holds few entries (<= WR_GATHER over the cluster): every block
+  // gathers them all (each block lists its own, the lists cross DSMEM once per reader), sorts them by
+  // key (bitonic, in shared memory) and scans the sorted list for the first key whose cumulative
+  // count / mass, after the bins below (target_* already net of them), reaches the target.
+  __device__ unsigned gather_select(unsigned limit, float scale, int lin, bool by_mass, unsigned target_count,
+                                    float target_mass, float mass_below, float* mass_le) {
+    cg::cluster_group cluster = cg::this_cluster();
+    WarpHist& mine = hist[pass++ & 1];   // this block's candidates: keys in count[], masses in mass[]
+    WarpHist& all = hist[pass++ & 1];    // every block's, gathered
+    if (threadIdx.x == 0) *list_len = 0;
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    for (int base = 0; base < n; base += SS_THREADS) {
+      const int i = base + (int)threadIdx.x;
+      float v = 0.f;
+      unsigned key = 0xffffffffu;
+      bool take = false;
+      if (i < n) {
+        v = vals[i];
+        const float d = M - v;
+        key = __float_as_uint(d);
+        take = key <= limit && linear_bin(d, scale) == lin;
+      }
+      const unsigned ballot = __ballot_sync(0xffffffffu, take);
+      int at = 0;
+      if (lane == 0 && ballot) at = atomicAdd(list_len, __popc(ballot));
+      at = __shfl_sync(0xffffffffu, at, 0) + __popc(ballot & ((1u << lane) - 1u));
+      if (take) { mine.count[at] = key; mine.mass[at] = mass_of(v); }
+    }
+    cluster.sync();
+    int total = 0;
+    for (int r = 0; r < WR_CLUSTER; ++r) total += *cluster.map_shared_rank(list_len, r);
+    int N = 1;
+    while (N < total) N <<= 1;
+    for (int r = 0, at = 0; r < WR_CLUSTER; ++r) {
+      const int len = *cluster.map_shared_rank(list_len, r);
+      const WarpHist* peer = cluster.map_shared_rank(&mine, r);
+      for (int k = threadIdx.x; k < len; k += SS_THREADS) {
+        all.count[at + k] = peer->count[k];
+        all.mass[at + k] = peer->mass[k];
+      }
+      at += len;
+    }
+    for (int k = total + (int)threadIdx.x; k < N; k += SS_THREADS) { all.count[k] = 0xffffffffu; all.mass[k] = 0.f; }
+    cluster.sync();   // every peer has copied this block's list: the buffers are free again after this
+    // Bitonic sort of (key, mass) by key, ascending.
+    for (int size = 2; size <= N; size <<= 1) {
+      for (int stride = size >> 1; stride > 0; stride >>= 1) {
+        for (int i = threadIdx.x; i < N; i += SS_THREADS) {
+          const int j = i ^ stride;
+          if (j > i) {
+            const unsigned a = all.count[i], b = all.count[j];
+            if ((a > b) == ((i & size) == 0)) {
+              all.count[i] = b; all.count[j] = a;
+              const float t = all.mass[i]; all.mass[i] = all.mass[j]; all.mass[j] = t;
+            }
+          }
+        }
+        __syncthreads();
+      }
+    }
+    // Scan in sorted order: each thread takes WR_GATHER / SS_THREADS consecutive entries.
+    constexpr int PER = WR_GATHER / SS_THREADS;
+    const int first = threadIdx.x * PER;
+    CountMass own = {0u, 0.f};
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      if (first + j < total) { own.c += 1u; own.m += all.mass[first + j]; }
+    }
+    CountMass sum;
+    CountMass cum = exclusive_scan(own, sum);
+    int hit = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      if (first + j < total) {
+        cum.c += 1u; cum.m += all.mass[first + j];
+        const bool reach = by_mass ? cum.m >= target_mass : cum.c >= target_count;
+        if (reach && hit == 0x7fffffff) hit = first + j;
+      }
+    }
+    hit = block_reduce(hit, MinInt(), red);
+    if (hit == 0x7fffffff) hit = total - 1;   // rounding left the target unreached: keep the whole bin
+    const unsigned K = all.count[hit];
+    // The mass of every key <= K (ties past `hit` included), for the top-p set within top-k.
+    float m = 0.f;
+    for (int k = threadIdx.x; k < total; k += SS_THREADS) m += all.count[k] <= K ? all.mass[k] : 0.f;
+    m = block_reduce(m, AddFloat(), sum_red);
+    *mass_le = mass_below + m;
+    return K;
   }
 
   // First a linear level over all the entries, then three radix passes (11, 10, 10 bits) over the
@@ -215,6 +310,8 @@ struct RowSelect {
     target_count -= x.count_below;
     target_mass -= x.mass_below;
     float mass_below = x.mass_below;
+    if (x.count_bin <= WR_GATHER) return gather_select(limit, scale, lin, by_mass, target_count, target_mass,
+                                                        mass_below, mass_le);
     const int shifts[3] = {20, 10, 0}, widths[3] = {11, 10, 10};
     unsigned prefix = 0u;
 #pragma unroll
@@ -231,7 +328,7 @@ struct RowSelect {
   }
 };
 
-template <class T>
+template <class T, int VEC>
 __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS, 1) warp_rows_kernel(
     const typename T::storage* __restrict__ draft, const typename T::storage* __restrict__ target,
     const int* __restrict__ lengths, const float* __restrict__ temps, float temp_scalar, int greedy_all,
@@ -245,6 +342,7 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS,
   __shared__ CountMass chunk_total;
   __shared__ Crossing cross[2];
   __shared__ int flags[2];
+  __shared__ int list_len;
   __shared__ RaceBest block_best;   // read by the peers: this block's maximum and first argmax
   __shared__ int block_bad;
   __shared__ float block_low;
@@ -271,26 +369,35 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS,
   const int lo = rank * C;
   const int n = max(0, min(C, V - lo));
 
-  // 1. Copy the slice (WR_UNROLL loads in flight per thread); maximum, first argmax, smallest
-  // finite entry and the NaN/+Inf check.
+  // 1. Copy the slice (LOADS loads of VEC entries in flight per thread; VEC > 1: 16-byte loads, the
+  // host checks the alignment); maximum, first argmax, smallest finite entry, NaN/+Inf check.
+  constexpr int LOADS = VEC == 8 ? 4 : 8;
+  constexpr int STEP = SS_THREADS * VEC;
   RaceBest best = {-WR_INF, 0x7fffffff};
   float low = WR_INF;
   bool bad = false;
-  for (int base = threadIdx.x; base < n; base += WR_UNROLL * SS_THREADS) {
-    float v[WR_UNROLL];
+  for (int base = threadIdx.x * VEC; base < n; base += LOADS * STEP) {
+    float v[LOADS][VEC];
 #pragma unroll
-    for (int u = 0; u < WR_UNROLL; ++u) {
-      const int k = base + u * SS_THREADS;
-      v[u] = k < n ? decode<T>(src[lo + k]) : -WR_INF;
+    for (int u = 0; u < LOADS; ++u) {
+      const int k = base + u * STEP;
+      if (k < n) {
+        load_vec<T, VEC>(src + lo + k, v[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v[u][e] = -WR_INF;
+      }
     }
 #pragma unroll
-    for (int u = 0; u < WR_UNROLL; ++u) {
-      const int k = base + u * SS_THREADS;
-      if (k < n) vals[k] = v[u];
-      bad |= !(v[u] < WR_INF);
-      if (v[u] > best.key) { best.key = v[u]; best.idx = lo + k; }
-      if (v[u] > -WR_INF) low = fminf(low, v[u]);
-    }
+    for (int u = 0; u < LOADS; ++u)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int k = base + u * STEP + e;
+        if (k < n) vals[k] = v[u][e];
+        bad |= !(v[u][e] < WR_INF);
+        if (v[u][e] > best.key) { best.key = v[u][e]; best.idx = lo + k; }
+        if (v[u][e] > -WR_INF) low = fminf(low, v[u][e]);
+      }
   }
   best = block_reduce(best, BetterRace(), best_red);
   low = -block_reduce(-low, MaxFloat(), sum_red);
@@ -318,6 +425,7 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS,
   sel.dtop = row_low < WR_INF ? M - row_low : 0.f;
   sel.hist = hist; sel.pass = 0; sel.scan = scan; sel.red = red;
   sel.chunk_total = &chunk_total; sel.cross = cross; sel.flags = flags;
+  sel.list_len = &list_len; sel.sum_red = sum_red;
   if (warp) {
     const int k = top_k[b];
     const float p = top_p[b];
@@ -389,9 +497,12 @@ __global__ void __launch_bounds__(SS_THREADS) emitted_logprobs_kernel(
 // The instantiations kernels.py launches (named here too so that an offline nvcc compiles them).
 #define WR_ARGS(S) const S*, const S*, const int*, const float*, float, int, const int*, const float*, \
     const float*, int, int, int, int, int*, float*
-template __global__ void warp_rows_kernel<f32>(WR_ARGS(float));
-template __global__ void warp_rows_kernel<f16>(WR_ARGS(unsigned short));
-template __global__ void warp_rows_kernel<bf16>(WR_ARGS(unsigned short));
+template __global__ void warp_rows_kernel<f32, 1>(WR_ARGS(float));
+template __global__ void warp_rows_kernel<f32, 4>(WR_ARGS(float));
+template __global__ void warp_rows_kernel<f16, 1>(WR_ARGS(unsigned short));
+template __global__ void warp_rows_kernel<f16, 8>(WR_ARGS(unsigned short));
+template __global__ void warp_rows_kernel<bf16, 1>(WR_ARGS(unsigned short));
+template __global__ void warp_rows_kernel<bf16, 8>(WR_ARGS(unsigned short));
 #define LP_ARGS(S) const S*, const float*, const int*, const float*, float, int, int, int, int, float*
 template __global__ void emitted_logprobs_kernel<f32>(LP_ARGS(float));
 template __global__ void emitted_logprobs_kernel<f16>(LP_ARGS(unsigned short));
