@@ -105,7 +105,32 @@ def decode_stream(dec, requests, batch_size: int, *, gamma: int, method: str, ig
     budgets = np.array([min(r.max_new_tokens, context - len(p)) for r, p in zip(requests, prompt_ids)], np.int64)
     run = _Run(dec, requests, prompt_ids, budgets, sessions, gamma if speculative else 0, method, ignore_eos,
                stops, truncation)
-    return run.results(batch_size)
+    return StreamResults(run, batch_size)
+
+
+class StreamResults:
+    """What generate_stream() returns: an iterator of FinishedRequests, one per request as it
+    finishes, and `stats`, the call's counts so far: rows (requests in flight at most), rounds (the
+    loop's), request_rounds (rounds summed over the requests in them), refills (rows given a new
+    request between rounds), occupancy (request_rounds / (rounds * rows))."""
+
+    def __init__(self, run, batch_size: int):
+        self._run, self._results = run, run.results(batch_size)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> FinishedRequest:
+        return next(self._results)
+
+    def close(self):
+        """End the call now (the decoder is free again); requests not finished are dropped."""
+        self._results.close()
+
+    @property
+    def stats(self) -> dict:
+        c = self._run.counts
+        return {**c, "occupancy": c["request_rounds"] / (c["rounds"] * c["rows"]) if c["rounds"] else 0.0}
 
 
 def takes_rows(caches) -> bool:
@@ -124,6 +149,7 @@ class _Run:
         self.greedy = method == "greedy"
         self.eos = () if ignore_eos else dec.target_spec.eos_token_ids
         self.queue = deque(range(len(requests)))
+        self.counts = {"rows": 0, "rounds": 0, "request_rounds": 0, "refills": 0}
 
     def results(self, batch_size: int):
         """FinishedRequests as requests finish; the decoder is busy until the generator ends."""
@@ -156,6 +182,7 @@ class _Run:
 
     def _decode(self, first: list[int]):
         dec, B = self.dec, len(first)
+        self.counts["rows"] = B
         self.req = Requests([self.prompt_ids[i] for i in first], self.budgets[first], dec.target_spec.pad_token_id,
                             self.eos, extra=self.gamma + 2)
         self.req.requested[:] = [self.requests[i].max_new_tokens for i in first]
@@ -195,6 +222,8 @@ class _Run:
     def _after_round(self, rnd) -> list[int]:
         """Hand the round's tokens on; the rows whose requests it finished (a rule or a stop string)."""
         self.tally.add(rnd)
+        self.counts["rounds"] += 1
+        self.counts["request_rounds"] += int(rnd.active.sum())
         self.dec._deliver(rnd, self.req, self.assembler, None)
         if self.stopper is not None:
             stopped = self.stopper.after_round(rnd, self.assembler.current)
@@ -226,6 +255,7 @@ class _Run:
             self.rows[b], self.admitted[b] = i, now
             self.temps[b] = self.requests[i].temperature
         self.tally.reset(rows)
+        self.counts["refills"] += len(rows)
         self.streams.restart(rows, [self.requests[i].seed for i in picks], self.loop.round)
         self.loop.temperature = self._temperature()
         self._prefill_rows(rows, [self.prompt_ids[i] for i in picks])

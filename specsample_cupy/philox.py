@@ -69,13 +69,12 @@ def _scalar_round_keys(k0, k1, pair, xp):
 
 def _round_keys(k0, k1, ndim, xp):
     """[10, 2, ...] uint32: the key of every round for keys given per element (uint64 arrays holding
-    32-bit values), their shapes padded to ndim axes so they broadcast with the counters."""
-    u64 = xp.uint64
-    bumps = xp.arange(10, dtype=u64).reshape((10,) + (1,) * ndim)
-    pad = lambda k: k.reshape((1,) * (ndim - k.ndim) + k.shape)
-    keys = [(pad(k0) + bumps * u64(_W0)) & u64(_MASK32), (pad(k1) + bumps * u64(_W1)) & u64(_MASK32)]
-    full = np.broadcast_shapes(keys[0].shape, keys[1].shape)
-    return xp.stack([xp.broadcast_to(k, full) for k in keys], axis=1).astype(xp.uint32)
+    32-bit values), their shapes padded to ndim axes so they broadcast with the counters. uint32
+    additions wrap around, which is the key schedule's mod 2^32."""
+    pad = lambda k: k.astype(xp.uint32).reshape((1,) * (ndim - k.ndim) + k.shape)
+    k0, k1 = xp.broadcast_arrays(pad(k0), pad(k1))
+    bumps = xp.asarray([[(r * _W0) & _MASK32, (r * _W1) & _MASK32] for r in range(10)], dtype=xp.uint32)
+    return xp.stack([k0, k1])[None] + bumps.reshape((10, 2) + (1,) * ndim)
 
 
 def _counter_words(seed, offset, request, position, purpose, counter, xp):

@@ -42,8 +42,12 @@ def _alone(dec, r, **kw):
 def _check_against_alone(dec, requests, batch_size, **kw):
     """Decode the requests continuously; every result must equal its request decoded alone. Returns the
     results in the order they came."""
-    results = list(dec.generate_stream(requests, batch_size, **kw))
+    stream = dec.generate_stream(requests, batch_size, **kw)
+    results = list(stream)
     assert sorted(r.index for r in results) == list(range(len(requests)))
+    rows = min(batch_size, len(requests))
+    assert stream.stats["rows"] == rows and stream.stats["refills"] == len(requests) - rows
+    assert stream.stats["request_rounds"] == sum(r.stats["rounds"] for r in results)
     for res in results:
         expected = _alone(dec, requests[res.index], **kw)
         assert (res.token_ids, res.text, res.finish_reason) == expected, res.index
