@@ -23,8 +23,7 @@ import numpy as np
 from specsample_cupy import errors
 from specsample_cupy.decode_stats import Round
 from specsample_cupy.ngram import propose_ngram
-from specsample_cupy.philox import PURPOSE_SAMPLE
-from specsample_cupy.sampling import sample_tokens
+from specsample_cupy.sampling import sample_result, sample_tokens
 from specsample_cupy.verify import VerifyResult, verify
 
 
@@ -195,11 +194,9 @@ class HostRounds:
             if self.logprobs is None:
                 tokens = to_host(sample_tokens(logits, temperature=self.temperature, **self._draws(r),
                                                **self.truncation))
-            else:   # what sample_tokens() draws (verify with gamma = 0, its purpose), with log-probabilities
-                xp, B = self.dec.xp, logits.shape[0]
-                res = verify(xp.zeros((B, 0), np.int32), xp.empty((B, 0, logits.shape[1]), logits.dtype),
-                             logits[:, None, :], temperature=self.temperature, **self._draws(r),
-                             logprobs=True, _race_purpose=PURPOSE_SAMPLE, **self.truncation)
+            else:   # what sample_tokens() draws, with log-probabilities
+                res = sample_result(logits, temperature=self.temperature, logprobs=True, **self._draws(r),
+                                    **self.truncation)
                 tokens = to_host(res.tokens[:, 0])
         bad = ~req.finished & (tokens < 0)
         if bad.any():   # the GPU sampler's answer for a row with NaN/+Inf logits or no finite one

@@ -8,7 +8,6 @@ import ctypes
 import functools
 from numbers import Real
 
-import numpy as np
 
 from specsample_cupy import kernel_runtime
 from specsample_cupy.philox import PURPOSE_SAMPLE
@@ -40,11 +39,17 @@ def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, top_k=None, top_
             and isinstance(temperature, (float, int, Real)) and 0 <= temperature < float("inf")
             and isinstance(seed, int) and isinstance(offset, int) and _fast_streams(streams, B)):
         return _sample_on_gpu(logits, float(temperature), seed, offset, _out, streams)
-    xp = np if module == "numpy" else __import__(module)
-    res = verify(xp.zeros((B, 0), xp.int32), xp.empty((B, 0, V), logits.dtype), logits[:, None, :],
-                 temperature=temperature, seed=seed, offset=offset, logits_dtype=logits_dtype,
-                 top_k=top_k, top_p=top_p, min_p=min_p, streams=streams, _race_purpose=PURPOSE_SAMPLE)
-    return res.tokens[:, 0]
+    return sample_result(logits, temperature=temperature, seed=seed, offset=offset, top_k=top_k, top_p=top_p,
+                         min_p=min_p, logits_dtype=logits_dtype, streams=streams).tokens[:, 0]
+
+
+def sample_result(logits, *, logprobs=False, **kwargs):
+    """What sample_tokens() draws, as verify()'s result with gamma = 0 (tokens [B, 1]; logprobs=True:
+    also each token's log-probability). Keyword arguments as sample_tokens(); always verify()'s path."""
+    xp = __import__(type(logits).__module__.split(".")[0])
+    B, V = logits.shape
+    return verify(xp.zeros((B, 0), xp.int32), xp.empty((B, 0, V), logits.dtype), logits[:, None, :],
+                  logprobs=logprobs, _race_purpose=PURPOSE_SAMPLE, **kwargs)
 
 
 def _fast_streams(streams, B) -> bool:
