@@ -1,4 +1,4 @@
-// Block-wide reductions for 256-thread blocks: warp shuffles, then one shared-memory round.
+// Block-wide reductions (256-thread blocks unless told): warp shuffles, then one shared-memory round.
 #pragma once
 
 #define SS_THREADS 256
@@ -55,9 +55,9 @@ __device__ __forceinline__ V warp_reduce(V v, Op op) {
   return v;
 }
 
-// Every thread gets the block's result. `scratch` must hold SS_WARPS values; it is reusable
-// after the call returns (the trailing barrier protects it).
-template <class V, class Op>
+// Every thread gets the block's result. `scratch` must hold WARPS values (the block's warps); it
+// is reusable after the call returns (the trailing barrier protects it).
+template <int WARPS = SS_WARPS, class V, class Op>
 __device__ __forceinline__ V block_reduce(V v, Op op, V* scratch) {
   v = warp_reduce(v, op);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -65,7 +65,7 @@ __device__ __forceinline__ V block_reduce(V v, Op op, V* scratch) {
   __syncthreads();
   V r = scratch[0];
 #pragma unroll
-  for (int w = 1; w < SS_WARPS; ++w) r = op(r, scratch[w]);
+  for (int w = 1; w < WARPS; ++w) r = op(r, scratch[w]);
   __syncthreads();
   return r;
 }

@@ -39,6 +39,7 @@
 #include "load.cuh"
 #include "handoff.cuh"
 #include "warp_record.cuh"
+#include "temperature.cuh"
 
 #define SS_MODE_LOGITS 0
 #define SS_MODE_PROBS 1
@@ -136,8 +137,9 @@ struct Verifier {
   __device__ __forceinline__ Request request(int b) const {
     Request rq;
     rq.errs = 0;
-    float t = temps ? temps[b] : temp_scalar;
-    if (!(t >= 0.f && t < SS_INF) || (is_sigmoid(MODE) && t == 0.f)) {
+    bool bad_t;
+    float t = request_temperature(temps, temp_scalar, b, bad_t);
+    if (bad_t || (is_sigmoid(MODE) && t == 0.f)) {
       rq.errs |= SS_ERR_TEMPERATURE;
       t = 1.f;
     }

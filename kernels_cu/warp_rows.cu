@@ -6,35 +6,43 @@
 // within the top-k set) reaches top_p of that set's mass; min-p keeps d <= span = -T ln(min_p)
 // (computed on the host). dmax is the smallest of the three; ties at a threshold are kept.
 //
-// Parallel decomposition. One cluster of WR_CLUSTER blocks (256 threads each) per logit row
+// Parallel decomposition. One cluster of WR_CLUSTER blocks (WR_THREADS threads each) per logit row
 // (request b, row r: target rows 0..G, then draft rows 0..G-1, verify.cu's order). Block k copies
 // vocabulary slice k of the row into its shared memory: the row is read from global memory once,
 // and everything after works on shared memory, with the cluster's blocks exchanging through
 // distributed shared memory (DSMEM) at cluster barriers:
 //   1. the row maximum M and first argmax, and the NaN/+Inf check;
 //   2. top-k and top-p: a select over d: first WR_BINS bins linear in d over all entries (spread
-//      out, so shared-memory atomics rarely collide), then a radix select over the bits of d
-//      (non-negative floats order like their bits; 11, 10 and 10 bits) among the entries of the
-//      linear bin chosen. Each pass: every block histograms its slice (count and/or mass), the
-//      cluster synchronises, block k sums chunk k of the bins over the cluster (reduce-scatter:
-//      each bin crosses DSMEM once) and scans it, the chunk totals are exchanged, and the first bin
-//      where the cumulative count / mass reaches the target is taken from the lowest chunk that
-//      holds one. Sums run in rank order, so every block computes the same thresholds. Two
-//      histogram buffers alternate, so a pass never overwrites one a peer is still reading;
-//   3. the kept mass E = sum over d <= dmax of exp((z - M) / T), per block, then over ranks.
+//      out, so shared-memory atomics rarely collide; masses in fixed point, see linear_fill), then
+//      the entries of the linear bin chosen: gathered and sorted when they are few (the usual
+//      case), else a radix select over the bits of d (non-negative floats order like their bits;
+//      11, 10 and 10 bits). Each histogram pass: every block histograms its slice (count and/or
+//      mass), the cluster synchronises, block k sums chunk k of the bins over the cluster
+//      (reduce-scatter: each bin crosses DSMEM once) and scans it, the chunk totals are exchanged,
+//      and the first bin where the cumulative count / mass reaches the target is taken from the
+//      lowest chunk that holds one. Sums run in rank order, so every block computes the same
+//      thresholds. Two histogram buffers alternate, so a pass never overwrites one a peer is still
+//      reading;
+//   3. the kept mass E = sum over d <= dmax of exp((z - M) / T): from the top-p select when its
+//      threshold is dmax, else one more pass, per block, then over ranks.
 // Rank 0 writes the row's record (M / T, E, argmax, M, dmax); verify_kernel (SS_MODE_WARPED) reads
 // it instead of computing statistics, and gives entries with M - z > dmax no probability.
 // Greedy requests (temperature 0) need only M and the argmax; inactive rows are skipped whole.
+// WR_THREADS = 512 and two blocks per multiprocessor: the passes over shared memory are chains of
+// dependent loads and atomics, and 32 warps per multiprocessor hide their latency where 8 did not.
 #include <cooperative_groups.h>
 
 #include "codes.cuh"
 #include "block_reduce.cuh"
 #include "load.cuh"
 #include "warp_record.cuh"
+#include "temperature.cuh"
 
 namespace cg = cooperative_groups;
 
 #define WR_CLUSTER 8
+#define WR_THREADS 512
+#define WR_WARPS (WR_THREADS / 32)
 #define WR_BINS 2048          // the widest pass: 11 bits
 #define WR_INF __int_as_float(0x7f800000)
 #define WR_LOG2E 1.4426950408889634f
@@ -42,7 +50,8 @@ namespace cg = cooperative_groups;
 
 struct WarpHist {
   unsigned count[WR_BINS];
-  float mass[WR_BINS];
+  float mass[WR_BINS];   // the linear pass keeps fixed-point sums here (as unsigned), see linear_fill
+  float far;             // the linear pass: this block's mass in the last bin, summed without atomics
 };
 
 // The bin a radix pass chose, and the count / mass of the (cluster's) entries in the bins below it.
@@ -61,8 +70,13 @@ struct CountMass {
 struct MinInt {
   __device__ int operator()(int a, int b) const { return a < b ? a : b; }
 };
-struct MaxInt {
-  __device__ int operator()(int a, int b) const { return a > b ? a : b; }
+struct HitLast {   // the first bin reaching a target and the last non-empty bin, reduced together
+  int hit, last;
+};
+struct MinMaxBins {
+  __device__ HitLast operator()(HitLast a, HitLast b) const {
+    return HitLast{a.hit < b.hit ? a.hit : b.hit, a.last > b.last ? a.last : b.last};
+  }
 };
 struct MaxFloat {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
@@ -72,22 +86,27 @@ struct AddFloat {
 };
 
 // The cluster's work on one row once every block holds its slice (see the header).
+// The kernel's shared memory, at file scope so that RowSelect addresses it directly (32-bit shared
+// addresses, no pointers held in registers).
+__shared__ WarpHist wr_hist[2];           // two histogram buffers, alternating by pass
+__shared__ CountMass wr_scan[WR_WARPS];
+__shared__ int wr_red[WR_WARPS];
+__shared__ HitLast wr_red_bins[WR_WARPS];
+__shared__ float wr_sum_red[WR_WARPS];
+// Read by the peers within a pass: this block's chunk total, its chunk's crossing [0] and last
+// non-empty bin [1], and whether it has them; the number of candidates it gathered.
+__shared__ CountMass wr_chunk_total;
+__shared__ Crossing wr_cross[2];
+__shared__ int wr_flags[2];
+__shared__ int wr_list_len;
+extern __shared__ __align__(16) float wr_vals[];   // C entries: this block's slice of the row, decoded
+
 struct RowSelect {
-  const float* vals;   // this block's slice, decoded
-  int n;               // its length
+  int n;               // the length of this block's slice (wr_vals)
+  int C;               // the longest slice (the same in every block of the cluster)
   float M, c, mc;      // row maximum; log2(e) / T; M * c
   float dtop;          // the largest finite d of the row (M - its smallest finite entry)
-  WarpHist* hist;      // two buffers, alternating by pass
   int pass;
-  CountMass* scan;     // SS_WARPS entries
-  int* red;            // SS_WARPS ints
-  // Read by the peers within a pass: this block's chunk total, its chunk's crossing [0] and last
-  // non-empty bin [1], and whether it has them.
-  CountMass* chunk_total;
-  Crossing* cross;
-  int* flags;
-  int* list_len;       // read by the peers: this block's number of gathered candidates
-  float* sum_red;      // SS_WARPS floats
 
   // exp((z - M) / T), as verify_kernel weighs an entry.
   __device__ __forceinline__ float mass_of(float v) const { return ex2_approx(fmaf(v, c, -mc)); }
@@ -102,13 +121,13 @@ struct RowSelect {
       const float mu = __shfl_up_sync(0xffffffffu, inc.m, o);
       if (lane >= o) { inc.c += cu; inc.m += mu; }
     }
-    if (lane == 31) scan[warp] = inc;
+    if (lane == 31) wr_scan[warp] = inc;
     __syncthreads();
     CountMass before = {0u, 0.f};
     total = CountMass{0u, 0.f};
 #pragma unroll
-    for (int w = 0; w < SS_WARPS; ++w) {
-      const CountMass s = scan[w];
+    for (int w = 0; w < WR_WARPS; ++w) {
+      const CountMass s = wr_scan[w];
       if (w < warp) { before.c += s.c; before.m += s.m; }
       total.c += s.c; total.m += s.m;
     }
@@ -123,35 +142,70 @@ struct RowSelect {
     return f < (float)(WR_BINS - 1) ? (int)f : WR_BINS - 1;
   }
 
-  // One pass over the entries with key <= limit (key = bits of d = M - z): shift < 0 bins them
-  // linearly (WR_BINS bins, `scale`); else it keeps those in linear bin `lin` whose key bits above
-  // shift + width equal prefix, binned by the next `width` bits. Returns the first bin whose
-  // cumulative count (by_mass: mass) reaches the target, or, when float rounding leaves none
-  // reaching it, the last non-empty bin. by_mass with frac > 0 first sets target_mass to frac x
-  // the pass's total mass. Masses are histogrammed only when want_mass.
-  __device__ Crossing pass_once(unsigned prefix, int shift, int width, unsigned limit, float scale, int lin,
-                                bool by_mass, bool want_mass, float frac, unsigned target_count,
-                                float& target_mass) {
-    WarpHist& h = hist[pass++ & 1];
-    const int nbins = shift < 0 ? WR_BINS : 1 << width;
-    for (int i = threadIdx.x; i < nbins; i += SS_THREADS) { h.count[i] = 0u; h.mass[i] = 0.f; }
-    __syncthreads();
-    const unsigned mask = (unsigned)nbins - 1u;
-    const int top = shift + width;
-    for (int i = threadIdx.x; i < n; i += SS_THREADS) {
-      const float v = vals[i];
+  // The linear level's histogram of the entries with key <= limit (key = bits of d = M - z).
+  // Float atomics on shared memory are compare-and-swap loops, so masses go in fixed point through
+  // native integer atomics: an entry of bin j < WR_BINS - 1 has f = d * scale = j + t, t in [0, 1),
+  // and mass 2^(-f A) = 2^(-j A) (1 - u), u = 1 - 2^(-t A) < A ln 2, where A is the bin width in
+  // log2 units (<= 40 / WR_BINS, see select). The bin sums its count n and U = sum of round(u q),
+  // q = 2^S, and its mass is 2^(-j A) (n - U / q): u to ~1e-9 by three terms of its series and the
+  // rounding at 1 / (2 q) keep each entry's mass within float32 rounding of exp2's. S keeps U below
+  // 2^32 even for a whole slice in one bin. The last bin (f >= WR_BINS - 1: up to dtop, and -inf
+  // entries) sums its masses in registers, then once over the block.
+  __device__ void linear_fill(WarpHist& h, unsigned limit, float scale, bool want_mass, float A, float q) {
+    const float a_ln2 = A * 0.6931471805599453f;
+    float far = 0.f;
+    for (int i = threadIdx.x; i < n; i += WR_THREADS) {
+      const float v = wr_vals[i];
       const float d = M - v;
-      const unsigned key = __float_as_uint(d);
-      if (key > limit) continue;
-      unsigned bin;
-      if (shift < 0) {
-        bin = (unsigned)linear_bin(d, scale);
+      if (__float_as_uint(d) > limit) continue;
+      const float f = d * scale;
+      if (f < (float)(WR_BINS - 1)) {   // linear_bin's test
+        const int j = (int)f;
+        atomicAdd(&h.count[j], 1u);
+        if (want_mass) {
+          const float y = (f - (float)j) * a_ln2;                        // t A ln 2, exact t
+          const float u = y * fmaf(y, fmaf(y, 1.f / 6.f, -0.5f), 1.f);   // 1 - e^-y
+          atomicAdd(reinterpret_cast<unsigned*>(&h.mass[j]), __float2uint_rn(u * q));
+        }
       } else {
-        if ((lin >= 0 && linear_bin(d, scale) != lin) || (top < 32 && (key >> top) != prefix)) continue;
-        bin = (key >> shift) & mask;
+        atomicAdd(&h.count[WR_BINS - 1], 1u);
+        if (want_mass) far += mass_of(v);
       }
-      atomicAdd(&h.count[bin], 1u);
-      if (want_mass) atomicAdd(&h.mass[bin], mass_of(v));
+    }
+    if (want_mass) {
+      far = block_reduce<WR_WARPS>(far, AddFloat(), wr_sum_red);
+      if (threadIdx.x == 0) h.far = far;
+    }
+  }
+
+  // One pass over the entries with key <= limit: shift < 0 bins them linearly (WR_BINS bins,
+  // `scale`, linear_fill; A and q are its fixed-point parameters); else it keeps those in linear bin
+  // `lin` whose key bits above shift + width equal prefix, binned by the next `width` bits. Returns
+  // the first bin whose cumulative count (by_mass: mass) reaches the target, or, when float rounding
+  // leaves none reaching it, the last non-empty bin. by_mass with frac > 0 first sets target_mass to
+  // frac x the pass's total mass. Masses are histogrammed only when want_mass.
+  __device__ __noinline__ Crossing pass_once(unsigned prefix, int shift, int width, unsigned limit, float scale, int lin,
+                                bool by_mass, bool want_mass, float frac, unsigned target_count,
+                                float& target_mass, float A = 0.f, float q = 0.f) {
+    WarpHist& h = wr_hist[pass++ & 1];
+    const int nbins = shift < 0 ? WR_BINS : 1 << width;
+    for (int i = threadIdx.x; i < nbins; i += WR_THREADS) { h.count[i] = 0u; h.mass[i] = 0.f; }
+    __syncthreads();
+    if (shift < 0) {
+      linear_fill(h, limit, scale, want_mass, A, q);
+    } else {
+      // Radix passes (crowded linear bins only): few entries, float atomics.
+      const unsigned mask = (unsigned)nbins - 1u;
+      const int top = shift + width;
+      for (int i = threadIdx.x; i < n; i += WR_THREADS) {
+        const float v = wr_vals[i];
+        const float d = M - v;
+        const unsigned key = __float_as_uint(d);
+        if (key > limit || (lin >= 0 && linear_bin(d, scale) != lin) || (top < 32 && (key >> top) != prefix)) continue;
+        const unsigned bin = (key >> shift) & mask;
+        atomicAdd(&h.count[bin], 1u);
+        if (want_mass) atomicAdd(&h.mass[bin], mass_of(v));
+      }
     }
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();
@@ -162,23 +216,36 @@ struct RowSelect {
     const int mybin = rank * chunk + threadIdx.x;
     CountMass mine = {0u, 0.f};
     if ((int)threadIdx.x < chunk) {
+      if (shift < 0 && want_mass) {   // fixed point (linear_fill)
+        unsigned long long U = 0ull;
+        float far = 0.f;
 #pragma unroll
-      for (int r = 0; r < WR_CLUSTER; ++r) {
-        const WarpHist* peer = cluster.map_shared_rank(&h, r);
-        mine.c += peer->count[mybin];
-        if (want_mass) mine.m += peer->mass[mybin];
+        for (int r = 0; r < WR_CLUSTER; ++r) {
+          const WarpHist* peer = cluster.map_shared_rank(&h, r);
+          mine.c += peer->count[mybin];
+          U += __float_as_uint(peer->mass[mybin]);
+          if (mybin == WR_BINS - 1) far += peer->far;
+        }
+        mine.m = mybin == WR_BINS - 1 ? far : exp2f(-(float)mybin * A) * ((float)mine.c - (float)U / q);
+      } else {
+#pragma unroll
+        for (int r = 0; r < WR_CLUSTER; ++r) {
+          const WarpHist* peer = cluster.map_shared_rank(&h, r);
+          mine.c += peer->count[mybin];
+          if (want_mass) mine.m += peer->mass[mybin];
+        }
       }
     }
     CountMass chunk_sum;
     const CountMass below_in_chunk = exclusive_scan(mine, chunk_sum);
-    if (threadIdx.x == 0) *chunk_total = chunk_sum;
+    if (threadIdx.x == 0) wr_chunk_total = chunk_sum;
     cluster.sync();
     // Every block: the chunks' totals in rank order (identical everywhere), the target, and the
     // cumulative count / mass before this block's chunk.
     CountMass total = {0u, 0.f}, before_chunk = {0u, 0.f};
 #pragma unroll
     for (int r = 0; r < WR_CLUSTER; ++r) {
-      const CountMass t = *cluster.map_shared_rank(chunk_total, r);
+      const CountMass t = *cluster.map_shared_rank(&wr_chunk_total, r);
       if (r < rank) { before_chunk.c += t.c; before_chunk.m += t.m; }
       total.c += t.c; total.m += t.m;
     }
@@ -188,73 +255,74 @@ struct RowSelect {
                            mine.c};
     const bool reach = (int)threadIdx.x < chunk && mine.c > 0u &&
         (by_mass ? here.mass_below + mine.m >= target_mass : here.count_below + mine.c >= target_count);
-    const int hit = block_reduce(reach ? mybin : 0x7fffffff, MinInt(), red);
-    const int last = block_reduce((int)threadIdx.x < chunk && mine.c > 0u ? mybin : -1, MaxInt(), red);
-    if (reach && mybin == hit) cross[0] = here;
-    if (last >= 0 && mybin == last) cross[1] = here;
-    if (threadIdx.x == 0) { flags[0] = hit != 0x7fffffff; flags[1] = last >= 0; }
+    const HitLast hl = block_reduce<WR_WARPS>(
+        HitLast{reach ? mybin : 0x7fffffff, (int)threadIdx.x < chunk && mine.c > 0u ? mybin : -1}, MinMaxBins(),
+        wr_red_bins);
+    if (reach && mybin == hl.hit) wr_cross[0] = here;
+    if (hl.last >= 0 && mybin == hl.last) wr_cross[1] = here;
+    if (threadIdx.x == 0) { wr_flags[0] = hl.hit != 0x7fffffff; wr_flags[1] = hl.last >= 0; }
     cluster.sync();
-    // The lowest rank with a hit has the crossing; without one, the highest non-empty bin.
-    Crossing out = {WR_BINS - 1, total.c, total.m, 0.f, 0u};
-    bool done = false;
-    for (int r = 0; r < WR_CLUSTER && !done; ++r) {
-      if (*cluster.map_shared_rank(&flags[0], r)) { out = cluster.map_shared_rank(cross, r)[0]; done = true; }
-    }
-    for (int r = WR_CLUSTER - 1; r >= 0 && !done; --r) {
-      if (*cluster.map_shared_rank(&flags[1], r)) { out = cluster.map_shared_rank(cross, r)[1]; done = true; }
-    }
-    return out;
+    // The lowest rank with a hit has the crossing; without one, the highest non-empty bin. Lane r
+    // reads rank r's flags (the ranks' reads overlap instead of following one another).
+    const int lane = threadIdx.x & 31;
+    const bool f0 = lane < WR_CLUSTER && *cluster.map_shared_rank(&wr_flags[0], lane);
+    const bool f1 = lane < WR_CLUSTER && *cluster.map_shared_rank(&wr_flags[1], lane);
+    const unsigned hits = __ballot_sync(0xffffffffu, f0), lasts = __ballot_sync(0xffffffffu, f1);
+    if (hits) return cluster.map_shared_rank(wr_cross, __ffs(hits) - 1)[0];
+    if (lasts) return cluster.map_shared_rank(wr_cross, 31 - __clz(lasts))[1];
+    return Crossing{WR_BINS - 1, total.c, total.m, 0.f, 0u};
   }
 
   // The linear level's bin `lin` holds few entries (<= WR_GATHER over the cluster): every block
   // gathers them all (each block lists its own, the lists cross DSMEM once per reader), sorts them by
   // key (bitonic, in shared memory) and scans the sorted list for the first key whose cumulative
   // count / mass, after the bins below (target_* already net of them), reaches the target.
-  __device__ unsigned gather_select(unsigned limit, float scale, int lin, bool by_mass, unsigned target_count,
+  __device__ __noinline__ unsigned gather_select(unsigned limit, float scale, int lin, bool by_mass, unsigned target_count,
                                     float target_mass, float mass_below, float* mass_le) {
     cg::cluster_group cluster = cg::this_cluster();
-    WarpHist& mine = hist[pass++ & 1];   // this block's candidates: keys in count[], masses in mass[]
-    WarpHist& all = hist[pass++ & 1];    // every block's, gathered
-    if (threadIdx.x == 0) *list_len = 0;
+    WarpHist& mine = wr_hist[pass++ & 1];   // this block's candidates: keys in count[], masses in mass[]
+    WarpHist& all = wr_hist[pass++ & 1];    // every block's, gathered
+    if (threadIdx.x == 0) wr_list_len = 0;
     __syncthreads();
     const int lane = threadIdx.x & 31;
-    for (int base = 0; base < n; base += SS_THREADS) {
+    for (int base = 0; base < n; base += WR_THREADS) {
       const int i = base + (int)threadIdx.x;
       float v = 0.f;
       unsigned key = 0xffffffffu;
       bool take = false;
       if (i < n) {
-        v = vals[i];
+        v = wr_vals[i];
         const float d = M - v;
         key = __float_as_uint(d);
         take = key <= limit && linear_bin(d, scale) == lin;
       }
       const unsigned ballot = __ballot_sync(0xffffffffu, take);
+      if (!ballot) continue;   // the usual case: the bin holds few of the slice's entries
       int at = 0;
-      if (lane == 0 && ballot) at = atomicAdd(list_len, __popc(ballot));
+      if (lane == 0 && ballot) at = atomicAdd(&wr_list_len, __popc(ballot));
       at = __shfl_sync(0xffffffffu, at, 0) + __popc(ballot & ((1u << lane) - 1u));
       if (take) { mine.count[at] = key; mine.mass[at] = mass_of(v); }
     }
     cluster.sync();
     int total = 0;
-    for (int r = 0; r < WR_CLUSTER; ++r) total += *cluster.map_shared_rank(list_len, r);
+    for (int r = 0; r < WR_CLUSTER; ++r) total += *cluster.map_shared_rank(&wr_list_len, r);
     int N = 1;
     while (N < total) N <<= 1;
     for (int r = 0, at = 0; r < WR_CLUSTER; ++r) {
-      const int len = *cluster.map_shared_rank(list_len, r);
+      const int len = *cluster.map_shared_rank(&wr_list_len, r);
       const WarpHist* peer = cluster.map_shared_rank(&mine, r);
-      for (int k = threadIdx.x; k < len; k += SS_THREADS) {
+      for (int k = threadIdx.x; k < len; k += WR_THREADS) {
         all.count[at + k] = peer->count[k];
         all.mass[at + k] = peer->mass[k];
       }
       at += len;
     }
-    for (int k = total + (int)threadIdx.x; k < N; k += SS_THREADS) { all.count[k] = 0xffffffffu; all.mass[k] = 0.f; }
+    for (int k = total + (int)threadIdx.x; k < N; k += WR_THREADS) { all.count[k] = 0xffffffffu; all.mass[k] = 0.f; }
     cluster.sync();   // every peer has copied this block's list: the buffers are free again after this
     // Bitonic sort of (key, mass) by key, ascending.
     for (int size = 2; size <= N; size <<= 1) {
       for (int stride = size >> 1; stride > 0; stride >>= 1) {
-        for (int i = threadIdx.x; i < N; i += SS_THREADS) {
+        for (int i = threadIdx.x; i < N; i += WR_THREADS) {
           const int j = i ^ stride;
           if (j > i) {
             const unsigned a = all.count[i], b = all.count[j];
@@ -267,8 +335,8 @@ struct RowSelect {
         __syncthreads();
       }
     }
-    // Scan in sorted order: each thread takes WR_GATHER / SS_THREADS consecutive entries.
-    constexpr int PER = WR_GATHER / SS_THREADS;
+    // Scan in sorted order: each thread takes WR_GATHER / WR_THREADS consecutive entries.
+    constexpr int PER = WR_GATHER / WR_THREADS;
     const int first = threadIdx.x * PER;
     CountMass own = {0u, 0.f};
 #pragma unroll
@@ -286,13 +354,13 @@ struct RowSelect {
         if (reach && hit == 0x7fffffff) hit = first + j;
       }
     }
-    hit = block_reduce(hit, MinInt(), red);
+    hit = block_reduce<WR_WARPS>(hit, MinInt(), wr_red);
     if (hit == 0x7fffffff) hit = total - 1;   // rounding left the target unreached: keep the whole bin
     const unsigned K = all.count[hit];
     // The mass of every key <= K (ties past `hit` included), for the top-p set within top-k.
     float m = 0.f;
-    for (int k = threadIdx.x; k < total; k += SS_THREADS) m += all.count[k] <= K ? all.mass[k] : 0.f;
-    m = block_reduce(m, AddFloat(), sum_red);
+    for (int k = threadIdx.x; k < total; k += WR_THREADS) m += all.count[k] <= K ? all.mass[k] : 0.f;
+    m = block_reduce<WR_WARPS>(m, AddFloat(), wr_sum_red);
     *mass_le = mass_below + m;
     return K;
   }
@@ -301,11 +369,22 @@ struct RowSelect {
   // entries of the linear bin it chose only: few entries, so collisions there cost little.
   __device__ unsigned select(unsigned limit, bool by_mass, bool want_mass, float frac, unsigned target_count,
                              float* mass_le) {
-    const float span = fminf(dtop, __uint_as_float(limit));
+    const bool with_mass = want_mass || by_mass;
+    float span = fminf(dtop, __uint_as_float(limit));
+    // With masses, the linear bins stop at d c = 40 (mass 2^-40 of the maximum's): the top-p
+    // crossing lies below unless top_p is within ~V 2^-40 of 1, and then the last bin (summed
+    // exactly) holds it.
+    if (with_mass) span = fminf(span, 40.f / c);
     const float scale = span > 0.f ? (float)WR_BINS / span : 0.f;
+    float A = 0.f, q = 1.f;
+    if (with_mass && scale > 0.f) {
+      A = c / scale;
+      // 2^S with C (A ln 2 q + 1/2) < 4e9 < 2^32: a whole slice in one bin cannot overflow U.
+      const float cap = (4.0e9f / (float)C - 0.5f) / fmaxf(A * 0.6931472f, 1e-30f);
+      q = exp2f(fminf(30.f, floorf(log2f(cap))));
+    }
     float target_mass = 0.f;
-    Crossing x = pass_once(0u, -1, 0, limit, scale, -1, by_mass, want_mass || by_mass, frac, target_count,
-                           target_mass);
+    Crossing x = pass_once(0u, -1, 0, limit, scale, -1, by_mass, with_mass, frac, target_count, target_mass, A, q);
     const int lin = x.bin;
     target_count -= x.count_below;
     target_mass -= x.mass_below;
@@ -316,7 +395,7 @@ struct RowSelect {
     unsigned prefix = 0u;
 #pragma unroll
     for (int p = 0; p < 3; ++p) {
-      x = pass_once(prefix, shifts[p], widths[p], limit, scale, lin, by_mass, want_mass || by_mass, 0.f,
+      x = pass_once(prefix, shifts[p], widths[p], limit, scale, lin, by_mass, with_mass, 0.f,
                     target_count, target_mass);
       prefix = (prefix << widths[p]) | (unsigned)x.bin;
       target_count -= x.count_below;
@@ -329,25 +408,16 @@ struct RowSelect {
 };
 
 template <class T, int VEC>
-__global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS, 1) warp_rows_kernel(
+__global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(WR_THREADS, 2) warp_rows_kernel(
     const typename T::storage* __restrict__ draft, const typename T::storage* __restrict__ target,
     const int* __restrict__ lengths, const float* __restrict__ temps, float temp_scalar, int greedy_all,
     const int* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ span,
     int B, int G, int V, int C, int* __restrict__ err, float* __restrict__ record) {
-  __shared__ WarpHist hist[2];
-  __shared__ RaceBest best_red[SS_WARPS];
-  __shared__ CountMass scan[SS_WARPS];
-  __shared__ int red[SS_WARPS];
-  __shared__ float sum_red[SS_WARPS];
-  __shared__ CountMass chunk_total;
-  __shared__ Crossing cross[2];
-  __shared__ int flags[2];
-  __shared__ int list_len;
+  __shared__ RaceBest best_red[WR_WARPS];
   __shared__ RaceBest block_best;   // read by the peers: this block's maximum and first argmax
   __shared__ int block_bad;
   __shared__ float block_low;
   __shared__ float block_mass;
-  extern __shared__ float vals[];   // C entries: this block's slice of the row
 
   cg::cluster_group cluster = cg::this_cluster();
   const int R = 2 * G + 1;
@@ -356,8 +426,8 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS,
   const bool is_target = r <= G;
   const int i = is_target ? r : r - G - 1;
   // The request's temperature and length by verify_kernel's rules (its request()).
-  float t = temps ? temps[b] : temp_scalar;
-  if (!(t >= 0.f && t < WR_INF)) t = 1.f;
+  bool bad_t;
+  const float t = request_temperature(temps, temp_scalar, b, bad_t);
   const bool greedy = greedy_all || t == 0.f;
   const float inv_t = greedy ? 1.f : 1.f / t;
   int L = lengths ? lengths[b] : G;
@@ -370,9 +440,12 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS,
   const int n = max(0, min(C, V - lo));
 
   // 1. Copy the slice (LOADS loads of VEC entries in flight per thread; VEC > 1: 16-byte loads, the
-  // host checks the alignment); maximum, first argmax, smallest finite entry, NaN/+Inf check.
-  constexpr int LOADS = VEC == 8 ? 4 : 8;
-  constexpr int STEP = SS_THREADS * VEC;
+  // host checks the alignment, and V and C are multiples of VEC, so a vector is wholly in the slice
+  // or wholly past it); maximum, first argmax, smallest finite entry, NaN/+Inf check. 16 values in
+  // flight per thread keep the registers within the 64 that two 512-thread blocks per
+  // multiprocessor leave.
+  constexpr int LOADS = VEC == 1 ? 8 : 16 / VEC;
+  constexpr int STEP = WR_THREADS * VEC;
   RaceBest best = {-WR_INF, 0x7fffffff};
   float low = WR_INF;
   bool bad = false;
@@ -389,18 +462,28 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS,
       }
     }
 #pragma unroll
-    for (int u = 0; u < LOADS; ++u)
+    for (int u = 0; u < LOADS; ++u) {
+      const int k0 = base + u * STEP;
+      if (k0 < n) {
+        if constexpr (VEC == 1) {
+          wr_vals[k0] = v[u][0];
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; e += 4)
+            *reinterpret_cast<float4*>(wr_vals + k0 + e) = make_float4(v[u][e], v[u][e + 1], v[u][e + 2], v[u][e + 3]);
+        }
+      }
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        const int k = base + u * STEP + e;
-        if (k < n) vals[k] = v[u][e];
+        const int k = k0 + e;
         bad |= !(v[u][e] < WR_INF);
         if (v[u][e] > best.key) { best.key = v[u][e]; best.idx = lo + k; }
         if (v[u][e] > -WR_INF) low = fminf(low, v[u][e]);
       }
+    }
   }
-  best = block_reduce(best, BetterRace(), best_red);
-  low = -block_reduce(-low, MaxFloat(), sum_red);
+  best = block_reduce<WR_WARPS>(best, BetterRace(), best_red);
+  low = -block_reduce<WR_WARPS>(-low, MaxFloat(), wr_sum_red);
   const int any_bad = __syncthreads_or(bad);
   if (threadIdx.x == 0) { block_best = best; block_bad = any_bad; block_low = low; }
   if (any_bad && threadIdx.x == 0) atomicOr(err + b, is_target ? SS_ERR_TARGET : SS_ERR_DRAFT);
@@ -415,17 +498,16 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS,
   }
   const float M = top.key;
   float dmax = WR_INF, mass = 1.f;
+  bool mass_known = false;
   // 2. Thresholds, for sampled rows with mass and valid values (bad rows are errors anyway). Greedy
   // rows keep everything; their mass (at temperature 1) serves the log-probabilities.
   const bool has_mass = !row_bad && M > -WR_INF;
   const bool warp = !greedy && has_mass;
   RowSelect sel;
-  sel.vals = vals; sel.n = n; sel.M = M;
+  sel.n = n; sel.C = C; sel.M = M;
   sel.c = inv_t * WR_LOG2E; sel.mc = M * sel.c;
   sel.dtop = row_low < WR_INF ? M - row_low : 0.f;
-  sel.hist = hist; sel.pass = 0; sel.scan = scan; sel.red = red;
-  sel.chunk_total = &chunk_total; sel.cross = cross; sel.flags = flags;
-  sel.list_len = &list_len; sel.sum_red = sum_red;
+  sel.pass = 0;
   if (warp) {
     const int k = top_k[b];
     const float p = top_p[b];
@@ -433,23 +515,28 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(SS_THREADS,
     unsigned limit = 0xffffffffu;
     if (k > 0 && k < V) {
       float mass_k;
-      limit = sel.select(0xffffffffu, false, p < 1.f, 0.f, (unsigned)k, &mass_k);
+      limit = sel.select(0xffffffffu, false, false, 0.f, (unsigned)k, &mass_k);
       dmax = fminf(dmax, __uint_as_float(limit));
     }
     if (p < 1.f) {
-      float unused;
-      const unsigned key = sel.select(limit, true, true, p, 0u, &unused);
-      dmax = fminf(dmax, __uint_as_float(key));
+      float mass_le;
+      const float kp = __uint_as_float(sel.select(limit, true, true, p, 0u, &mass_le));
+      if (kp <= dmax) {   // top-p sets dmax (its key is within the top-k set): its mass is E
+        dmax = kp;
+        mass = mass_le;
+        mass_known = true;
+      }
     }
   }
-  if (has_mass) {
+  // Every block of the cluster has the same mass_known, so all take the same branch.
+  if (has_mass && !mass_known) {
     // 3. The kept mass.
     float part = 0.f;
-    for (int k2 = threadIdx.x; k2 < n; k2 += SS_THREADS) {
-      const float v = vals[k2];
+    for (int k2 = threadIdx.x; k2 < n; k2 += WR_THREADS) {
+      const float v = wr_vals[k2];
       if (M - v <= dmax) part += sel.mass_of(v);
     }
-    part = block_reduce(part, AddFloat(), sum_red);
+    part = block_reduce<WR_WARPS>(part, AddFloat(), wr_sum_red);
     if (threadIdx.x == 0) block_mass = part;
     cluster.sync();
     if (rank == 0 && threadIdx.x == 0) {
@@ -483,8 +570,8 @@ __global__ void __launch_bounds__(SS_THREADS) emitted_logprobs_kernel(
   float lp = -WR_INF;
   const int token = out[3 * B + k];
   if (j < out[B + b] && token >= 0 && token < V) {
-    float t = temps ? temps[b] : temp_scalar;
-    if (!(t >= 0.f && t < WR_INF)) t = 1.f;
+    bool bad_t;
+    const float t = request_temperature(temps, temp_scalar, b, bad_t);
     const float inv_t = greedy_all || t == 0.f ? 1.f : 1.f / t;
     const float* rec = record + ((long long)b * (2 * G + 1) + j) * SS_RECORD;
     const float z = decode<T>(target[((long long)b * (G + 1) + j) * V + token]);

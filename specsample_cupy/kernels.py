@@ -26,6 +26,7 @@ from specsample_cupy.kernel_runtime import codes_header, kernel_source
 MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, MODE_SIGMOID_PAPER = 0, 1, 2, 3
 MODE_WARPED = 4     # logits truncated by top-k / top-p / min-p (row statistics from warp_rows.cu)
 WARP_CLUSTER = 8    # warp_rows.cu's WR_CLUSTER: blocks per row, each holding a slice in shared memory
+WARP_THREADS = 512  # warp_rows.cu's WR_THREADS
 WARP_RECORD = 6     # warp_record.cuh's SS_RECORD: floats per row record
 THREADS = 256
 _DTYPE_TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -262,7 +263,7 @@ class _WarpRows:
 
     def __call__(self, stream, head, warps):
         """head: draft, target, lengths, temps (pointers), temp_scalar, greedy_all."""
-        self.launch(stream, self.grid, THREADS, self.shared_bytes,
+        self.launch(stream, self.grid, WARP_THREADS, self.shared_bytes,
                     leading=head + (warps.top_k.data.ptr, warps.top_p.data.ptr, warps.span.data.ptr))
 
 
