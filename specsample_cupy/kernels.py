@@ -26,7 +26,7 @@ from specsample_cupy.kernel_runtime import codes_header, kernel_source
 MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, MODE_SIGMOID_PAPER = 0, 1, 2, 3
 MODE_WARPED = 4     # logits truncated by top-k / top-p / min-p (row statistics from warp_rows.cu)
 WARP_CLUSTER = 8    # warp_rows.cu's WR_CLUSTER: blocks per row, each holding a slice in shared memory
-WARP_THREADS = 512  # warp_rows.cu's WR_THREADS
+WARP_THREADS = 256  # warp_rows.cu's WR_THREADS
 WARP_RECORD = 6     # warp_record.cuh's SS_RECORD: floats per row record
 THREADS = 256
 _DTYPE_TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
