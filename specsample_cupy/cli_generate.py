@@ -23,6 +23,8 @@ from specsample_cupy.generate_ray_worker import WorkerSetup
 from specsample_cupy.generate_run import DecodeOptions, Runner, batches, continuous_allowed
 from specsample_cupy.verify import SAMPLING_ONLY
 
+LOGPROB_METHODS = ("exact", "greedy", "target")   # what generate(logprobs=True) takes
+
 # `specsample decode`'s options that mean the same here (their click.Option objects, shared).
 DECODE_OPTIONS = ("target", "draft", "ngram_min", "ngram_max", "device", "method", "max_new_tokens", "stop_strings",
                   "top_k", "top_p", "min_p", "temperature", "seed", "adaptive_gamma")
@@ -150,6 +152,9 @@ def _summary(runner, read_as: str, already_done: int, rejected: int, wall_s: flo
                    "gets the tokens it gets decoded alone).")
 @click.option("--gamma", default="5", show_default=True, type=GammaType(),
               help="Draft tokens per round, 0 for the target alone, or 'auto'.")
+@click.option("--logprobs", is_flag=True,
+              help="Each line also holds \"logprobs\": each generated token's log-probability under the "
+                   "(truncated) target distribution it was drawn from (methods exact, greedy, target).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
 @click.option("--ray", "on_ray", is_flag=True,
               help="Decode on a pool of Ray workers (actors) instead of in this process: pip install -e '.[ray]'.")
@@ -163,12 +168,13 @@ def _summary(runner, read_as: str, already_done: int, rejected: int, wall_s: flo
                    "of starting a local Ray sized for the workers.")
 def generate(input_path, output_path, target, draft, ngram_min, ngram_max, device, method, max_new_tokens,
              stop_strings, top_k, top_p, min_p, temperature, seed, adaptive_gamma, input_format, batch_size, static,
-             gamma, progress, on_ray, workers, gpus_per_worker, ray_address):
+             gamma, logprobs, progress, on_ray, workers, gpus_per_worker, ray_address):
     """Decode a dataset of requests into a JSONL file, resumably.
 
     Each line of --output is one request: id, line, text, token_ids, finish_reason, new_tokens, its
     own rounds / proposed / accepted / acceptance_rate, latency_s, batch_size and the settings used
-    (a JSONL line's "max_new_tokens", "temperature" and "seed" override the options of those names).
+    (a JSONL line's "max_new_tokens", "temperature" and "seed" override the options of those names);
+    with --logprobs also logprobs, one per token_ids entry.
     Re-running with the same --output decodes only the ids it does not hold yet. Bad input lines are
     reported on stderr (FILE:LINE: why) and skipped; the exit status is 1 only when nothing could be
     decoded. Requests are batched continuously unless --static is given or the options need static
@@ -181,9 +187,14 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
     if method in SAMPLING_ONLY and temperature == 0:
         raise click.BadParameter(f"method {method!r} samples: use --temperature > 0, or --method greedy",
                                  param_hint="--temperature")
+    if logprobs and method not in LOGPROB_METHODS:
+        raise click.BadParameter(f"--logprobs works with methods {', '.join(LOGPROB_METHODS)}, not {method!r}",
+                                 param_hint="--method")
     _check_paths(input_path, output_path)
     pool = ray_pool(on_ray, workers, gpus_per_worker, ray_address, device)   # None without --ray
     name = "stdin" if input_path == "-" else input_path
+    options = DecodeOptions(method, gamma, adaptive_gamma, tuple(stop_strings), truncation(top_k, top_p, min_p),
+                            logprobs)
     requests, rejections, read_as = read_requests(_read_input(input_path), name, input_format,
                                                   Settings(max_new_tokens, float(temperature), seed), method)
     for r in rejections:
@@ -191,8 +202,7 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
     if not requests:
         raise click.ClickException(f"{name}: no usable request ({len(rejections)} line(s) rejected)")
     if pool is not None:
-        setup = WorkerSetup(name, target, draft, pool.device, ngram_min, ngram_max,
-                            DecodeOptions(method, gamma, adaptive_gamma, tuple(stop_strings), truncation(top_k, top_p, min_p)))
+        setup = WorkerSetup(name, target, draft, pool.device, ngram_min, ngram_max, options)
         generate_on_ray(requests, len(rejections), read_as, output_path, setup, pool, batch_size, progress)
         return
 
@@ -206,7 +216,7 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
         for _, why in refused:
             click.echo(f"{why}; skipped", err=True)
         rejected = len(rejections) + len(pending) - len(todo)
-        runner = Runner(decoder, writer, DecodeOptions(method, gamma, adaptive_gamma, tuple(stop_strings), truncation(top_k, top_p, min_p)), len(todo), progress)
+        runner = Runner(decoder, writer, options, len(todo), progress)
         why_static = "--static" if static else continuous_allowed(gamma, adaptive_gamma, method)
         if why_static and not static:
             click.echo(f"batching statically: {why_static}", err=True)

@@ -53,6 +53,7 @@ class FinishedRequest:
     finish_reason: str          # length | eos | context | stop
     stats: dict = field(default_factory=dict)   # new_tokens, rounds, proposed, accepted, acceptance_rate,
     #                                             latency_s (from taking a row to finishing, prefill included)
+    logprobs: list[float] | None = None   # generate_stream(logprobs=True): one per token of token_ids
 
 
 def check_requests(requests, method: str) -> list[StreamRequest]:
@@ -79,7 +80,7 @@ def check_requests(requests, method: str) -> list[StreamRequest]:
 
 
 def decode_stream(dec, requests, batch_size: int, *, gamma: int, method: str, ignore_eos: bool, stop,
-                  truncation: dict):
+                  truncation: dict, logprobs: bool = False):
     """Check the arguments now (ValueError/TypeError), then return the generator of FinishedRequests
     that SpeculativeDecoder.generate_stream() documents."""
     if gamma == "auto" or not isinstance(gamma, Integral) or isinstance(gamma, bool) or gamma < 0:
@@ -92,7 +93,7 @@ def decode_stream(dec, requests, batch_size: int, *, gamma: int, method: str, ig
     if not isinstance(batch_size, Integral) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     dec._check(method, 1.0, 0, gamma)
-    truncation = dec._check_truncation(method, 1.0, False, **truncation)
+    truncation = dec._check_truncation(method, 1.0, logprobs, **truncation)
     stops = check_stop_strings(stop)
     requests = check_requests(requests, method)
     speculative = method != "target" and gamma > 0
@@ -104,7 +105,7 @@ def decode_stream(dec, requests, batch_size: int, *, gamma: int, method: str, ig
     context = dec.context_length or 1 << 62
     budgets = np.array([min(r.max_new_tokens, context - len(p)) for r, p in zip(requests, prompt_ids)], np.int64)
     run = _Run(dec, requests, prompt_ids, budgets, sessions, gamma if speculative else 0, method, ignore_eos,
-               stops, truncation)
+               stops, truncation, logprobs)
     return StreamResults(run, batch_size)
 
 
@@ -142,9 +143,11 @@ def takes_rows(caches) -> bool:
 class _Run:
     """One generate_stream() call: the queue, the rows and what each row's request has done."""
 
-    def __init__(self, dec, requests, prompt_ids, budgets, sessions, gamma, method, ignore_eos, stops, truncation):
+    def __init__(self, dec, requests, prompt_ids, budgets, sessions, gamma, method, ignore_eos, stops, truncation,
+                 logprobs=False):
         self.dec, self.requests, self.prompt_ids, self.budgets = dec, requests, prompt_ids, budgets
         self.sessions, self.gamma, self.stops, self.truncation = sessions, gamma, stops, truncation
+        self.logprobs = logprobs
         self.method = method if gamma > 0 else "target"
         self.greedy = method == "greedy"
         self.eos = () if ignore_eos else dec.target_spec.eos_token_ids
@@ -177,7 +180,7 @@ class _Run:
             else:
                 empty.append(FinishedRequest(i, "", [], "length", {"new_tokens": 0, "rounds": 0, "proposed": 0,
                                                                    "accepted": 0, "acceptance_rate": None,
-                                                                   "latency_s": 0.0}))
+                                                                   "latency_s": 0.0}, [] if self.logprobs else None))
         return taken, empty
 
     def _decode(self, first: list[int]):
@@ -197,7 +200,8 @@ class _Run:
         self.streams = RequestStreams([self.requests[i].seed for i in first])
         self.loop = HostRounds(dec, self.req, self.caches[0], self.caches[1] if len(self.caches) > 1 else None,
                                policy=FixedGamma(self.gamma), method=self.method, temperature=self._temperature(),
-                               seed=0, clock=Clock(None, []), truncation=self.truncation, streams=self.streams)
+                               seed=0, clock=Clock(None, []), truncation=self.truncation, logprobs=self.logprobs,
+                               streams=self.streams)
         self.assembler = TextAssembler(dec.tokenizer, B, incremental=True)
         self.stopper = StopStrings(self.stops, dec.tokenizer, B) if self.stops else None
         self.tally = RequestTally(B)
@@ -237,7 +241,8 @@ class _Run:
         if self.stopper is not None and self.stopper.matched[b]:
             text, ids = self.stopper.cut_row(ids)
         stats = {"new_tokens": len(ids), **self.tally.fields(b), "latency_s": float(time.perf_counter() - self.admitted[b])}
-        return FinishedRequest(self.rows[b], text, ids, req.finish_reason(b), stats)
+        logprobs = self.loop.logprobs[b][:len(ids)] if self.logprobs else None   # cut as the ids are
+        return FinishedRequest(self.rows[b], text, ids, req.finish_reason(b), stats, logprobs)
 
     def _refill(self, done: list[int]) -> list[FinishedRequest]:
         """Give the rows `done` the next requests of the queue and prefill them; returns the
@@ -254,6 +259,8 @@ class _Run:
                 self.stopper.reset(b)
             self.rows[b], self.admitted[b] = i, now
             self.temps[b] = self.requests[i].temperature
+            if self.logprobs:
+                self.loop.logprobs[b] = []
         self.tally.reset(rows)
         self.counts["refills"] += len(rows)
         self.streams.restart(rows, [self.requests[i].seed for i in picks], self.loop.round)

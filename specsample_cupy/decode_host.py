@@ -24,7 +24,8 @@ from specsample_cupy import errors
 from specsample_cupy.decode_stats import Round
 from specsample_cupy.ngram import propose_ngram
 from specsample_cupy.sampling import sample_result, sample_tokens
-from specsample_cupy.verify import VerifyResult, verify
+from specsample_cupy.verify import verify
+from specsample_cupy.warps import build_warps
 
 
 def to_host(array) -> np.ndarray:
@@ -64,13 +65,14 @@ class HostRounds:
 
     def __init__(self, dec, req, target_cache, draft_cache, *, policy, method, temperature, seed, clock,
                  truncation=None, logprobs=False, streams: RequestStreams | None = None):
-        """truncation: top_k / top_p / min_p for sample_tokens() and verify() (both models' rows);
-        logprobs: collect each taken token's log-probability in self.logprobs (one list per request);
-        temperature: a scalar, or [B] of the loop's array module; streams: per-request random streams
-        (seed is then unused)."""
+        """truncation: top_k / top_p / min_p for sample_tokens() and verify() (both models' rows),
+        validated by the caller; logprobs: collect each taken token's log-probability in
+        self.logprobs (one list per request); temperature: a scalar, or [B] of the loop's array
+        module; streams: per-request random streams (seed is then unused)."""
         self.dec, self.req, self.tc, self.dc = dec, req, target_cache, draft_cache
-        self.policy, self.method, self.temperature, self.seed, self.clock = policy, method, temperature, seed, clock
+        self.policy, self.method, self.seed, self.clock = policy, method, seed, clock
         self.truncation = dict(truncation or {})
+        self.temperature = temperature   # after req and truncation: it builds the warps
         self.logprobs = [[] for _ in range(req.batch)] if logprobs else None
         self.streams = streams
         self.round = 0   # the round the loop runs next
@@ -83,6 +85,27 @@ class HostRounds:
             self.draft_logits_buf = xp.zeros(B * cap * dec.target.vocab_size, dec.target.logits_dtype)
             # The draft sampler's output, reused: copied into draft_tokens before the next call.
             self.sample_out = xp.empty(4 * B, np.int32) if dec.stream is not None else None
+
+    @property
+    def temperature(self):
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value):
+        """Every draft step and verify() of a round sample at these temperatures, so the truncation's
+        Warps are built here, once per setting (continuous batching sets new ones at each refill:
+        min-p's span depends on them), rather than by each call."""
+        self._temperature = value
+        self.truncation_kw = self._warps_for(value)
+
+    def _warps_for(self, temperature) -> dict:
+        """sample_tokens() / verify()'s truncation keyword for these temperatures ({} when off)."""
+        if not self.truncation:
+            return {}
+        with self.dec._on_stream():   # the uploads on the stream the loop's calls run on
+            warps = build_warps(self.dec.xp, self.req.batch, self.dec.target.vocab_size, temperature,
+                                **self.truncation)
+        return {} if warps is None else {"warps": warps}
 
     def finish(self, rows) -> None:
         self.req.stop(rows)
@@ -113,9 +136,10 @@ class HostRounds:
         offsets = own if step is None else own * self.per_round + step
         return {"streams": self.dec.xp.asarray(np.stack([self.streams.seeds, offsets], axis=1))}
 
-    def _read(self, packed, batch):
+    def _read(self, res):
+        """The round's one device-to-host read: the verification's result, log-probabilities included."""
         started = time.perf_counter()
-        result = VerifyResult(to_host(packed), batch)   # the round's one device-to-host read
+        result = res.to_host()
         self.read_wait_s += time.perf_counter() - started
         errors.raise_if_any(result.error)
         return result
@@ -146,7 +170,7 @@ class HostRounds:
             put_column(draft_logits, i, logits)
             with clock.span("sampling"):
                 put_column(draft_tokens, i, sample_tokens(logits, temperature=self.temperature, **self._draws(r, i),
-                                                          _out=self.sample_out, **self.truncation))
+                                                          _out=self.sample_out, **self.truncation_kw))
 
         # 2. The target scores gamma+1 positions in one run: the last emitted token, then the drafts.
         ids = np.zeros((batch, gamma + 1), np.int64)
@@ -160,12 +184,12 @@ class HostRounds:
         with clock.span("verify") if dec.time_model_runs else contextlib.nullcontext():
             res = verify(draft_tokens, draft_logits, target_logits, method=self.method,
                          temperature=self.temperature, **self._draws(r, self.policy.cap),
-                         draft_lengths=lengths, logprobs=self.logprobs is not None, **self.truncation)
-        result = self._read(res.packed, batch)
+                         draft_lengths=lengths, logprobs=self.logprobs is not None, **self.truncation_kw)
+        result = self._read(res)
 
         # 4. Append the accepted tokens; roll both caches back to what they have seen of the new sequences.
         taken = req.append(result.tokens, result.emitted)
-        self._keep_logprobs(res, taken)
+        self._keep_logprobs(result, taken)
         self.tc.rollback(req.seq_len - 1)
         if self.dc is not None:
             self.dc.rollback(req.seq_len - 1)
@@ -193,11 +217,11 @@ class HostRounds:
         with self.clock.span("sampling"):
             if self.logprobs is None:
                 tokens = to_host(sample_tokens(logits, temperature=self.temperature, **self._draws(r),
-                                               **self.truncation))
-            else:   # what sample_tokens() draws, with log-probabilities
+                                               **self.truncation_kw))
+            else:   # what sample_tokens() draws, with log-probabilities (one read for both)
                 res = sample_result(logits, temperature=self.temperature, logprobs=True, **self._draws(r),
-                                    **self.truncation)
-                tokens = to_host(res.tokens[:, 0])
+                                    **self.truncation_kw).to_host()
+                tokens = res.tokens[:, 0]
         bad = ~req.finished & (tokens < 0)
         if bad.any():   # the GPU sampler's answer for a row with NaN/+Inf logits or no finite one
             raise ValueError(f"target logits hold NaN/+Inf or have no finite value in request(s) "
@@ -209,9 +233,10 @@ class HostRounds:
         return taken
 
     def _keep_logprobs(self, res, taken):
-        """Each request's log-probabilities of the tokens it took this round (EOS and budget cuts)."""
+        """Each request's log-probabilities of the tokens it took this round (EOS and budget cuts);
+        res: the round's result, on the host."""
         if self.logprobs is None:
             return
-        lp = to_host(res.logprobs)
+        lp = res.logprobs
         for b in np.flatnonzero(taken).tolist():
             self.logprobs[b].extend(float(x) for x in lp[b, :taken[b]])

@@ -316,7 +316,7 @@ class SpeculativeDecoder:
 
     def generate_stream(self, requests, batch_size: int = 8, gamma: int = 5, method: str = "exact",
                         ignore_eos: bool = False, stop=(), top_k: int | None = None, top_p: float | None = None,
-                        min_p: float | None = None):
+                        min_p: float | None = None, logprobs: bool = False):
         """Continuous batching: decode a queue of requests with at most batch_size in flight, a finished
         request's row taking the next one between rounds (specsample_cupy/continuous.py).
 
@@ -327,9 +327,10 @@ class SpeculativeDecoder:
                 "auto" and adaptive gamma are refused (ValueError).
             method: as generate(), except "baseline" (ValueError: its numbers follow no request).
             ignore_eos, stop, top_k, top_p, min_p: as generate(), for every request.
+            logprobs: as generate(): each FinishedRequest's .logprobs, one per token of its token_ids.
 
         Returns an iterator (continuous.StreamResults) of continuous.FinishedRequest(index, text,
-        token_ids, finish_reason, stats), one per request as it finishes (index: its position in
+        token_ids, finish_reason, stats, logprobs), one per request as it finishes (index: its position in
         `requests`); its .stats counts the call's rounds and refills so far. Each request
         gets the tokens generate([prompt], max_new_tokens, gamma, method, temperature, seed, ...)
         gives it alone on the host loop (up to float near-ties of batched model runs): its random
@@ -344,7 +345,7 @@ class SpeculativeDecoder:
         from specsample_cupy.continuous import decode_stream
         truncation = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
         return decode_stream(self, requests, batch_size, gamma=gamma, method=method, ignore_eos=ignore_eos,
-                             stop=stop, truncation=truncation)
+                             stop=stop, truncation=truncation, logprobs=logprobs)
 
     def _check(self, method, temperature, max_new_tokens, gamma):
         if method not in METHODS:

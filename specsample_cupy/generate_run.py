@@ -53,6 +53,7 @@ class DecodeOptions:
     adaptive_gamma: bool
     stop: tuple = ()   # stop strings (generate(stop=...))
     truncation: dict = field(default_factory=dict)   # generate()'s top_k / top_p / min_p
+    logprobs: bool = False   # each line also holds "logprobs", one per token (generate(logprobs=True))
 
 
 class Runner:
@@ -76,10 +77,12 @@ class Runner:
         return self.generate_s - self.callback_s
 
     def _write(self, request: Request, ids: list[int], text: str, reason: str, counts: dict, latency_s: float,
-               batch_size: int):
-        """counts: the request's rounds, proposed, accepted and acceptance_rate (RequestTally.fields)."""
+               batch_size: int, logprobs: list[float] | None = None):
+        """counts: the request's rounds, proposed, accepted and acceptance_rate (RequestTally.fields);
+        logprobs: None, or one per id (the line then holds them)."""
         s = request.settings
         self.writer.write({"id": request.id, "line": request.line, "text": text, "token_ids": ids,
+                           **({} if logprobs is None else {"logprobs": logprobs}),
                            "finish_reason": reason, "new_tokens": len(ids), **counts,
                            "latency_s": latency_s, "batch_size": batch_size,
                            "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed})
@@ -94,14 +97,18 @@ class Runner:
 
     def run(self, batch: list[Request], source):
         """Decode one batch (equal settings); source(request) names a request in messages."""
-        s, tokenizer = batch[0].settings, self.decoder.tokenizer
+        s, tokenizer, logprobs = batch[0].settings, self.decoder.tokenizer, self.options.logprobs
         tally, written = RequestTally(len(batch)), np.zeros(len(batch), bool)
+        finished_s = {}   # with logprobs: when each request finished, for its line written after the call
 
         def on_round(rnd, req):
             entered = time.perf_counter()
             tally.add(rnd)
             # A request a stop string ended is written from generate()'s output, which cuts it.
             for b in np.flatnonzero(req.finished & ~req.stopped & ~written).tolist():
+                if logprobs:   # they come with generate()'s output (as decode --jsonl --logprobs)
+                    finished_s.setdefault(b, entered - started)
+                    continue
                 ids = req.generated(b)
                 self._write(batch[b], ids, tokenizer.decode(ids, skip_special_tokens=True), req.finish_reason(b),
                             tally.fields(b), entered - started, len(batch))
@@ -114,7 +121,7 @@ class Runner:
                                         gamma=self.options.gamma, method=self.options.method,
                                         temperature=s.temperature, seed=s.seed,
                                         adaptive_gamma=self.options.adaptive_gamma, on_round=on_round,
-                                        stop=self.options.stop, **self.options.truncation)
+                                        stop=self.options.stop, logprobs=logprobs, **self.options.truncation)
         except ValueError as exc:   # the decoder refused the batch: report what it did not write (a re-run retries it)
             for b in np.flatnonzero(~written).tolist():
                 self.bar.write(f"{source(batch[b])}: not generated: {exc}", file=sys.stderr)
@@ -125,11 +132,11 @@ class Runner:
         finally:
             self.generate_s += time.perf_counter() - started
         ended = time.perf_counter()
-        # Requests that no round reported finished (max_new_tokens 0) or that a stop string ended are
-        # written from the output.
+        # Requests that no round reported finished (max_new_tokens 0), that a stop string ended, or
+        # whose log-probabilities were asked for are written from the output.
         for b in np.flatnonzero(~written).tolist():
             self._write(batch[b], out.token_ids[b], out.texts[b], out.finish_reasons[b], tally.fields(b),
-                        ended - started, len(batch))
+                        finished_s.get(b, ended - started), len(batch), out.logprobs[b] if logprobs else None)
         self.writer.sync()
 
     def run_stream(self, requests: list[Request], batch_size: int, source):
@@ -145,12 +152,12 @@ class Runner:
         started = time.perf_counter()
         try:
             results = self.decoder.generate_stream(stream, batch_size, gamma=o.gamma, method=o.method, stop=o.stop,
-                                                   **o.truncation)
+                                                   logprobs=o.logprobs, **o.truncation)
             for out in results:
                 entered = time.perf_counter()
                 counts = {k: out.stats[k] for k in ("rounds", "proposed", "accepted", "acceptance_rate")}
                 self._write(requests[out.index], out.token_ids, out.text, out.finish_reason, counts,
-                            out.stats["latency_s"], rows)
+                            out.stats["latency_s"], rows, out.logprobs)
                 written[out.index] = True
                 if written.sum() % batch_size == 0:
                     self.writer.sync()

@@ -17,11 +17,13 @@ _NO_DRAFTS = {}
 
 
 def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, top_k=None, top_p=None, min_p=None,
-                  logits_dtype=None, streams=None, _out=None):
+                  warps=None, logits_dtype=None, streams=None, _out=None):
     """Sample ids from logits [B, V] (NumPy or CuPy, float32/float16/bfloat16).
 
     temperature: scalar or [B]; 0 takes the argmax (first index on ties).
     top_k, top_p, min_p: truncated sampling, as verify() (None, a scalar or [B] each).
+    warps: (advanced) that truncation prebuilt for these B, V and temperature, as verify()'s `warps`
+        (specsample_cupy.warps.build_warps; a draft loop samples with the same warps every step).
     streams: None or [B, 2] int64 per-request (seed, offset), as verify()'s: row b then draws what
         a one-row call with seed=streams[b, 0], offset=streams[b, 1] draws (seed, offset ignored).
     Returns [B] int32 of the input's module; on CuPy, rows with NaN/+Inf logits give -1 and rows
@@ -33,14 +35,14 @@ def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, top_k=None, top_
         raise ValueError(f"logits must be [B, V], got shape {logits.shape}")
     B, V = logits.shape
     module = type(logits).__module__.split(".")[0]
-    warped = top_k is not None or top_p is not None or min_p is not None
+    warped = warps is not None or top_k is not None or top_p is not None or min_p is not None
     if (module == "cupy" and not warped and logits.dtype.char in "fe" and logits.flags.c_contiguous
             and logits_dtype is None
             and isinstance(temperature, (float, int, Real)) and 0 <= temperature < float("inf")
             and isinstance(seed, int) and isinstance(offset, int) and _fast_streams(streams, B)):
         return _sample_on_gpu(logits, float(temperature), seed, offset, _out, streams)
     return sample_result(logits, temperature=temperature, seed=seed, offset=offset, top_k=top_k, top_p=top_p,
-                         min_p=min_p, logits_dtype=logits_dtype, streams=streams).tokens[:, 0]
+                         min_p=min_p, warps=warps, logits_dtype=logits_dtype, streams=streams).tokens[:, 0]
 
 
 def sample_result(logits, *, logprobs=False, **kwargs):

@@ -5,7 +5,7 @@ import numpy as np
 
 from specsample_cupy import errors
 from specsample_cupy.philox import PURPOSE_RESIDUAL
-from specsample_cupy.warps import make_warps, off_warps, warp_request_rows
+from specsample_cupy.warps import check_warps, make_warps, off_warps, warp_request_rows
 
 # "sigmoid-paper" is method="sigmoid" with sigmoid_variant="paper" (one name for tables and the CLI).
 METHODS = ("exact", "sigmoid", "sigmoid-paper", "baseline", "greedy")
@@ -31,11 +31,13 @@ class VerifyResult:
         lists the rules); check() raises.
 
     All four live in one buffer [accepted | emitted | error | tokens]; views are made on first use.
+    to_host() reads the result (and its logprobs) with one device-to-host copy.
     """
-    __slots__ = ("_out", "_B", "_views", "_logprobs")
+    __slots__ = ("_out", "_B", "_views", "_logprobs", "_joint")
 
-    def __init__(self, out, B, logprobs=None):
-        self._out, self._B, self._views, self._logprobs = out, B, {}, logprobs
+    def __init__(self, out, B, logprobs=None, joint=None):
+        """joint: None, or the one int32 allocation [out | logprobs' bits] that holds both (CuPy)."""
+        self._out, self._B, self._views, self._logprobs, self._joint = out, B, {}, logprobs, joint
 
     @property
     def logprobs(self):
@@ -73,6 +75,16 @@ class VerifyResult:
         """The one int32 buffer [accepted B | emitted B | error B | tokens B*(gamma+1)] behind the
         four views: a single device-to-host copy of it reads the whole result."""
         return self._out
+
+    def to_host(self):
+        """This result as NumPy arrays (self when it is already). With logprobs=True on CuPy the
+        log-probabilities share the packed buffer's allocation, so one copy reads both."""
+        if isinstance(self._out, np.ndarray):
+            return self
+        if self._joint is not None:
+            host, n = self._joint.get(), self._out.size
+            return VerifyResult(host[:n], self._B, host[n:].view(np.float32))
+        return VerifyResult(self._out.get(), self._B, None if self._logprobs is None else self._logprobs.get())
 
     def check(self):
         """Raise ValueError naming the failed requests (synchronises with the device on CuPy)."""
@@ -158,7 +170,8 @@ def _check_seed(arg, v, xp):
 def verify(draft_tokens, draft_logits, target_logits, *, method="exact", temperature=1.0, seed=0,
            offset=0, draft_lengths=None, probs=False, sigmoid_offset=SIGMOID_OFFSET,
            sigmoid_scale=SIGMOID_SCALE, sigmoid_variant="softmax-bonus", logits_dtype=None, plan=None,
-           top_k=None, top_p=None, min_p=None, logprobs=False, streams=None, _race_purpose=PURPOSE_RESIDUAL):
+           top_k=None, top_p=None, min_p=None, warps=None, logprobs=False, streams=None,
+           _race_purpose=PURPOSE_RESIDUAL):
     """Verify gamma draft tokens per request against the target model.
 
     Args:
@@ -219,6 +232,12 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
             Methods "exact" and "greedy" with logits only (active warps with probs=True or
             another method raise ValueError); a bad value raises ValueError naming the argument.
             specsample_cupy/warps.py states the rule in full.
+        warps: (advanced) None, or the truncation prebuilt by specsample_cupy.warps.build_warps(xp, B,
+            V, temperature, top_k=..., top_p=..., min_p=...) with this call's B, V and temperature:
+            the same result as passing those top_k / top_p / min_p, without validating and (CuPy)
+            uploading them again on every call of a loop. Not with top_k / top_p / min_p
+            (ValueError). Only its arrays' module, shape and dtype are checked, not that it was built
+            for this temperature (min-p's span includes it).
         logprobs: also return VerifyResult.logprobs [B, gamma+1] float32, the log-probability of each
             emitted token under the target distribution it was drawn from (truncated, at the request's
             temperature; greedy requests: log softmax at temperature 1), -inf padding like tokens.
@@ -294,7 +313,12 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
     for arg, v in (("seed", seed), ("offset", offset)):
         _check_seed(arg, v, xp)
     streams = _check_streams(streams, xp, B, method)
-    warps = make_warps(xp, B, target_logits.shape[2], temps, temp_scalar, top_k, top_p, min_p)
+    if warps is None:
+        warps = make_warps(xp, B, target_logits.shape[2], temps, temp_scalar, top_k, top_p, min_p)
+    elif top_k is not None or top_p is not None or min_p is not None:
+        raise ValueError("pass top_k/top_p/min_p or prebuilt warps, not both")
+    else:
+        check_warps(warps, xp, B)
     if warps is not None and (probs or method not in WARP_METHODS):
         raise ValueError(f"top_k/top_p/min_p work with methods {WARP_METHODS} on logits, "
                          f"not method={method_arg!r}" + (" with probs=True" if probs else ""))
@@ -428,12 +452,19 @@ def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
              "sigmoid-paper": kernels.MODE_SIGMOID_PAPER}[mode]
     if warps is not None:
         kmode = kernels.MODE_WARPED
+    out = lp = joint = None
+    if logprobs:   # one allocation [result | log-probabilities]: a host loop reads both with one copy
+        size = 3 * B + B * (G + 1)   # VerifyResult's layout
+        joint = cupy.empty(size + B * (G + 1), cupy.int32)
+        out, lp = joint[:size], joint[size:].view(cupy.float32)
     out = kernels.launch(draft_tokens, draft, target, dtype_name=dtype_name, lengths=lengths, temps=temps,
                          temp_scalar=temp_scalar, seed=seed, offset=offset, mode=kmode,
                          sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale, race_purpose=race_purpose,
-                         greedy=method == "greedy", options=plan, warps=warps, streams=streams,
-                         logprobs=(lp := cupy.empty(B * (G + 1), cupy.float32)) if logprobs else None)
-    return VerifyResult(out, B, lp if logprobs else None)
+                         greedy=method == "greedy", options=plan, warps=warps, streams=streams, out=out,
+                         logprobs=lp)
+    # launch() allocates its own output when `out` is not its size: then the two are apart.
+    together = joint is not None and out.data.ptr == joint.data.ptr
+    return VerifyResult(out, B, lp, joint if together else None)
 
 
 def _bf16_to_f32(a):

@@ -81,6 +81,31 @@ def make_warps(xp, B, V, temps, temp_scalar, top_k=None, top_p=None, min_p=None)
     return Warps(*(xp.asarray(a) for a in (k, p, span)))
 
 
+def build_warps(xp, B, V, temperature=1.0, *, top_k=None, top_p=None, min_p=None):
+    """The Warps that verify() and sample_tokens() build from top_k / top_p / min_p for B requests
+    of V entries at `temperature` (their argument: a scalar or a [B] array of module xp), for their
+    `warps` keyword: a loop of such calls builds them once instead of on every call (on CuPy each
+    build is three small uploads, and a [B] argument is read back, which synchronises). Validated
+    as those calls validate the arguments. None when every warp is off: then pass no warps at all.
+    Build them again when the temperatures change: min-p's span includes them."""
+    from specsample_cupy.verify import _per_request
+    temps, temp_scalar = _per_request(temperature, xp, B, "temperature", np.float32)   # as verify() reads it
+    return make_warps(xp, B, V, temps, temp_scalar, top_k, top_p, min_p)
+
+
+def check_warps(warps, xp, B):
+    """TypeError/ValueError unless warps is a Warps of C-contiguous [B] arrays of module xp with
+    make_warps()'s dtypes. Attributes only: nothing is read from the device."""
+    if not isinstance(warps, Warps):
+        raise TypeError(f"warps must be a specsample_cupy.warps.Warps (build_warps()), got {type(warps).__name__}")
+    for name, a, dtype in zip(Warps._fields, warps, (np.int32, np.float32, np.float32)):
+        if (type(a).__module__.split(".")[0] != xp.__name__ or a.shape != (B,) or a.dtype != dtype
+                or not a.flags.c_contiguous):
+            raise ValueError(f"warps.{name} must be a contiguous [B={B}] {np.dtype(dtype)} array of the logits' "
+                             f"module, got {type(a).__name__} of shape {getattr(a, 'shape', None)} "
+                             f"dtype {getattr(a, 'dtype', None)}")
+
+
 def row_thresholds(z, temps, warps):
     """(M [N] float32, dmax [N] float32) of rows z [N, V] by the module docstring's rule, with
     temps [N] (> 0) and warps a Warps of NumPy [N] arrays (one entry per row)."""

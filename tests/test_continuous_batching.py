@@ -126,6 +126,29 @@ def test_requests_with_nothing_to_generate_and_more_rows_than_requests(dec):
     assert [r.index for r in only_empty] == [0, 1, 2]
 
 
+@pytest.mark.parametrize("gamma", [3, 0])
+def test_logprobs_equal_decoding_each_alone(dec, gamma):
+    """Each request's log-probabilities (with truncation, per-request temperatures, a stop string and a
+    request with nothing to generate) are those generate() gives it alone, one per token."""
+    rng = np.random.default_rng(6)
+    requests = _requests(8, 0.8, rng)
+    requests[2].temperature, requests[5].temperature = 0.0, 1.3
+    kw = dict(gamma=gamma, top_k=20, min_p=0.05)
+    stop = next(t[5:7] for t in (_alone(dec, r, **kw)[1] for r in requests) if len(t) > 10)
+    kw["stop"] = [stop]
+    results = _check_against_alone(dec, requests, batch_size=3, logprobs=True, **kw)
+    for res in results:
+        r = requests[res.index]
+        alone = dec.generate([r.prompt], max_new_tokens=r.max_new_tokens, temperature=r.temperature, seed=r.seed,
+                             logprobs=True, **kw).logprobs[0]
+        assert len(res.logprobs) == len(res.token_ids) == len(alone)
+        np.testing.assert_allclose(res.logprobs, alone, rtol=1e-5, atol=1e-5)
+    assert any(r.finish_reason == "stop" for r in results)
+    empty = list(dec.generate_stream([StreamRequest("rain", 0), requests[0]], batch_size=2, logprobs=True, **kw))
+    assert empty[0].logprobs == [] and len(empty[1].logprobs) == len(empty[1].token_ids)
+    assert all(r.logprobs is None for r in dec.generate_stream(requests[:3], batch_size=2, gamma=gamma))
+
+
 def test_prefill_in_place_gives_the_same_tokens(dec, monkeypatch):
     """Caches that cannot take rows (CUDA-graph sessions) prefill a newcomer in its own row."""
     monkeypatch.setattr(continuous, "takes_rows", lambda caches: False)

@@ -68,6 +68,39 @@ def test_cuda_matches_cpu(decoders):
         np.testing.assert_allclose(x, y, atol=2e-3)
 
 
+def test_the_host_loop_builds_its_warps_once(pair, monkeypatch):
+    """The host loop builds the truncation's Warps once per generate() (and once per refill of
+    continuous batching, whose temperatures change) and passes them to every sample_tokens() and
+    verify() call; its tokens and log-probabilities are bit for bit those of the calls building them."""
+    import importlib
+    from specsample_cupy import decode_host
+    from specsample_cupy.continuous import StreamRequest
+    verify_module = importlib.import_module("specsample_cupy.verify")
+    dec = SpeculativeDecoder(*pair, device="cpu")
+    builds, per_call = [], []
+    real_build, real_make = decode_host.build_warps, verify_module.make_warps
+    monkeypatch.setattr(decode_host, "build_warps", lambda *a, **k: builds.append(a[3]) or real_build(*a, **k))
+    monkeypatch.setattr(verify_module, "make_warps", lambda *a, **k: per_call.append(1) or real_make(*a, **k))
+    trunc = dict(top_k=10, top_p=0.9, min_p=0.05)
+    requests = [StreamRequest(p, max_new_tokens=n, temperature=t, seed=i)
+                for i, (p, n, t) in enumerate(zip(PROMPTS * 2, (9, 4, 12, 6, 3, 8), (0.8, 1.3, 0.0, 0.5, 1.0, 0.7)))]
+
+    def run():
+        calls = {gamma: dec.generate(PROMPTS, max_new_tokens=12, gamma=gamma, temperature=0.8, seed=3,
+                                     method="exact" if gamma else "target", logprobs=True, **trunc)
+                 for gamma in (3, 0)}
+        stream = sorted(dec.generate_stream(requests, batch_size=2, gamma=3, logprobs=True, **trunc),
+                        key=lambda r: r.index)
+        return ([(o.token_ids, o.logprobs) for o in calls.values()],
+                [(r.token_ids, r.logprobs) for r in stream])
+
+    prebuilt = run()
+    assert not per_call
+    assert len(builds) == 2 + 1 + (len(requests) - 2)   # each generate(); the stream's start and refills
+    monkeypatch.setattr(decode_host.HostRounds, "_warps_for", lambda self, temperature: dict(self.truncation))
+    assert run() == prebuilt and per_call
+
+
 def test_bad_values_raise(decoders):
     dec = _decoder(decoders, "cpu")
     for kw, arg in ((dict(top_p=0.0), "top_p"), (dict(top_k=-1), "top_k"), (dict(min_p=2.0), "min_p")):

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("onnxruntime")
@@ -115,6 +116,57 @@ def test_jsonl_input_batched_continuously_matches_each_request_alone(pair, refer
         assert line["batch_size"] == 3 and line["latency_s"] > 0 and line["max_new_tokens"] == o["max_new_tokens"]
     assert "7 written, 0 skipped as already done, 0 line(s) rejected" in result.stderr
     assert "batching statically" not in result.stderr
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["continuous", "static"])
+def test_logprobs_lines_carry_one_per_token(pair, reference, tmp_path, static):
+    """--logprobs: every line also holds "logprobs", one float per token, those the decoder gives
+    (its request alone, or its generate() call with --static); the tokens are those of a run without
+    --logprobs, and --top-k / --min-p reach the decoder."""
+    objects = [{"id": f"r{i}", "prompt": p} for i, p in enumerate(PROMPTS)]
+    objects.append({"id": 99, "prompt": "the sea", "max_new_tokens": 0})
+    _write_jsonl(tmp_path / "in.jsonl", objects)
+    kw = dict(max_new_tokens=8, gamma=3, temperature=0.8, seed=5, top_k=20, min_p=0.05)
+    args = ["--max-new-tokens", "8", "--gamma", "3", "--temperature", "0.8", "--seed", "5", "--top-k", "20",
+            "--min-p", "0.05", "--batch-size", "3"] + (["--static"] if static else [])
+    result = _run(pair, tmp_path / "in.jsonl", tmp_path / "out.jsonl", *args, "--logprobs")
+    assert result.exit_code == 0, result.stderr
+    lines = _by_id([json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()])
+    plain = _run(pair, tmp_path / "in.jsonl", tmp_path / "plain.jsonl", *args)
+    assert plain.exit_code == 0, plain.stderr
+    plain = _by_id(_lines(tmp_path / "plain.jsonl"))   # no "logprobs" field without the option
+    assert set(lines) == set(plain) == {o["id"] for o in objects}
+    assert lines[99]["token_ids"] == lines[99]["logprobs"] == []
+    calls = [reference.generate(PROMPTS[i:i + 3], logprobs=True, **kw) for i in (0, 3)] if static else None
+    for i, p in enumerate(PROMPTS):
+        line = lines[f"r{i}"]
+        assert set(line) == LINE_FIELDS | {"logprobs"} and line["token_ids"] == plain[f"r{i}"]["token_ids"]
+        out, b = (calls[i // 3], i % 3) if static else (reference.generate([p], logprobs=True, **kw), 0)
+        assert line["token_ids"] == out.token_ids[b] and len(line["logprobs"]) == len(line["token_ids"])
+        np.testing.assert_allclose(line["logprobs"], out.logprobs[b], rtol=1e-5, atol=1e-5)
+        assert line["latency_s"] > 0
+
+
+def test_ray_workers_write_logprobs_too(pair, reference):
+    """--ray hands the run's DecodeOptions to its workers, whose runner writes the same lines."""
+    from specsample_cupy.generate_ray_worker import DecodeWorker, WorkerSetup
+    from specsample_cupy.generate_run import DecodeOptions
+    options = DecodeOptions("exact", 3, False, (), {"top_k": 20}, logprobs=True)
+    worker = DecodeWorker(WorkerSetup("in", pair[0], pair[1], "cpu", 1, 4, options))
+    settings = Settings(6, 0.8, 4)
+    outcomes = worker.decode([Request(i, str(i), i, p, settings) for i, p in enumerate(PROMPTS[:3])])
+    out = reference.generate(PROMPTS[:3], max_new_tokens=6, gamma=3, temperature=0.8, seed=4, top_k=20, logprobs=True)
+    for o in outcomes:
+        line = json.loads(o["result"])
+        assert line["token_ids"] == out.token_ids[line["id"]]
+        np.testing.assert_allclose(line["logprobs"], out.logprobs[line["id"]], rtol=1e-5, atol=1e-5)
+
+
+def test_logprobs_need_a_method_that_gives_them(pair, tmp_path):
+    _write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "prompt": "a"}])
+    result = _run(pair, tmp_path / "in.jsonl", tmp_path / "out.jsonl", "--method", "sigmoid", "--logprobs")
+    assert result.exit_code == 2 and "--logprobs" in result.stderr
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_text_input_ids_are_line_numbers_and_resume_skips_them(pair, tmp_path):

@@ -71,3 +71,32 @@ def test_kernel_logprobs_match_the_reference(dtype, kw, onehot, method):
     same = (gpu.tokens.get() == cpu.tokens).all(1)
     assert same.mean() >= 0.95
     np.testing.assert_allclose(gpu.logprobs.get()[same], cpu.logprobs[same], rtol=1e-4, atol=2e-4)
+
+
+def test_to_host_of_a_numpy_result_is_itself():
+    tokens, draft, target, lengths, temps = _inputs(2, B=6)
+    res = verify(tokens, draft, target, temperature=temps, draft_lengths=lengths, seed=3, logprobs=True)
+    assert res.to_host() is res
+    plain = verify(tokens, draft, target, temperature=temps, seed=3)
+    assert plain.to_host() is plain
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [{}, {"top_k": 20}])
+def test_kernel_logprobs_come_with_the_packed_result(kw):
+    """On CuPy the log-probabilities follow the packed result in one allocation, so to_host() reads
+    both with one copy; what it reads equals the two arrays read apart."""
+    import cupy as cp
+    tokens, draft, target, lengths, temps = _inputs(6, B=12, V=500)
+    res = verify(cp.asarray(tokens), cp.asarray(draft), cp.asarray(target), temperature=cp.asarray(temps),
+                 draft_lengths=cp.asarray(lengths), seed=4, logprobs=True, **kw)
+    assert res.logprobs.data.ptr == res.packed.data.ptr + res.packed.nbytes
+    host = res.to_host()
+    assert isinstance(host.packed, np.ndarray) and host.logprobs.shape == res.logprobs.shape
+    np.testing.assert_array_equal(host.packed, res.packed.get())
+    np.testing.assert_array_equal(host.logprobs, res.logprobs.get())
+    np.testing.assert_array_equal(host.tokens, res.tokens.get())
+    plain = verify(cp.asarray(tokens), cp.asarray(draft), cp.asarray(target), seed=4).to_host()
+    assert isinstance(plain.packed, np.ndarray)
+    with pytest.raises(AttributeError):
+        plain.logprobs

@@ -9,7 +9,7 @@ import pytest
 
 from helpers_verify import sample_rows
 from specsample_cupy import errors, sample_tokens, verify
-from specsample_cupy.warps import Warps, apply_warps, make_warps, row_thresholds
+from specsample_cupy.warps import Warps, apply_warps, build_warps, make_warps, row_thresholds
 
 P_MIN = 1e-4
 NEG = -np.inf
@@ -361,6 +361,73 @@ def test_onehot_proposal_outside_the_kept_set_is_rejected():
     assert set(res.tokens[:, 0].tolist()) <= {0, 1, 2}
     # Without the warp token 5 (p = 0.05) is sometimes accepted.
     assert (verify(tokens, None, target, seed=1).accepted > 0).any()
+
+
+# ---------------------------------------------------------------- prebuilt warps (a decode loop's)
+
+PREBUILT = [dict(top_k=5), dict(top_p=0.7), dict(min_p=0.1), dict(top_k=6, top_p=0.8, min_p=0.05),
+            dict(top_k=np.array([0, 3, 30, 1, 0, 8]), top_p=np.float32([1, 0.5, 0.9, 1, 0.6, 0.95]),
+                 min_p=np.array([0.0, 0.2, 0.0, 0.5, 0.1, 0.02]))]
+
+
+@pytest.mark.parametrize("kw", PREBUILT, ids=range(len(PREBUILT)))
+def test_prebuilt_warps_give_the_per_call_results(kw):
+    """verify(warps=build_warps(...)) and sample_tokens(warps=...) equal the calls that build their warps
+    from top_k / top_p / min_p, bit for bit: tokens, codes and log-probabilities."""
+    rng = np.random.default_rng(11)
+    B, G, V = 6, 4, 24
+    tokens, draft, target = _problem(rng, B, G, V)
+    lengths = np.array([4, 0, 2, 3, 1, 4])
+    temperatures = (1.0, 0.7, 0.0, np.float32([1.0, 0.0, 0.5, 1.3, 0.0, 0.9]))
+    for seed, temperature in enumerate(temperatures):
+        warps = build_warps(np, B, V, temperature, **kw)
+        for method in ("exact", "greedy"):
+            for d in (draft, None):
+                common = dict(method=method, temperature=temperature, seed=seed, offset=seed + 1,
+                              draft_lengths=lengths, logprobs=True)
+                per_call = verify(tokens, d, target, **common, **kw)
+                prebuilt = verify(tokens, d, target, **common, **({} if warps is None else {"warps": warps}))
+                np.testing.assert_array_equal(prebuilt.packed, per_call.packed)
+                np.testing.assert_array_equal(prebuilt.logprobs, per_call.logprobs)
+        z = target[:, 0]
+        streams = np.stack([np.arange(B) + 5, np.full(B, seed)], axis=1)
+        for draws in (dict(seed=seed, offset=3), dict(streams=streams)):
+            np.testing.assert_array_equal(
+                sample_tokens(z, temperature=temperature, warps=warps, **draws),
+                sample_tokens(z, temperature=temperature, **draws, **kw))
+
+
+def test_build_warps_checks_as_verify_does():
+    B, V = 3, 8
+    assert build_warps(np, B, V, 0.8) is None
+    assert build_warps(np, B, V, 0.8, top_k=0, top_p=1.0, min_p=0.0) is None
+    assert build_warps(np, B, V, 0.0, min_p=0.3) is None           # greedy: min-p is moot
+    for arg, value in BAD:
+        with pytest.raises(ValueError, match=arg):
+            build_warps(np, B, V, 1.0, **{arg: value})
+    with pytest.raises(ValueError, match="top_k"):
+        build_warps(np, B, V, 1.0, top_k=np.array([1, 2]))
+    with pytest.raises(ValueError, match="temperature"):
+        build_warps(np, B, V, np.float32([1.0, 0.5]), top_k=2)
+
+
+def test_prebuilt_warps_are_checked():
+    rng = np.random.default_rng(12)
+    B, G, V = 3, 2, 8
+    tokens, draft, target = _problem(rng, B, G, V)
+    warps = build_warps(np, B, V, 1.0, top_k=2)
+    with pytest.raises(ValueError, match="not both"):
+        verify(tokens, draft, target, warps=warps, top_p=0.5)
+    with pytest.raises(ValueError, match="top_k"):
+        verify(tokens, draft, target, warps=build_warps(np, B + 1, V, 1.0, top_k=2))
+    with pytest.raises(ValueError, match="span"):
+        verify(tokens, draft, target, warps=warps._replace(span=warps.span.astype(np.float64)))
+    with pytest.raises(TypeError, match="Warps"):
+        verify(tokens, draft, target, warps=tuple(warps))
+    with pytest.raises(ValueError, match="sigmoid"):
+        verify(tokens, draft, target, method="sigmoid", warps=warps)
+    with pytest.raises(ValueError, match="not both"):
+        sample_tokens(target[:, 0], warps=warps, top_k=2)
 
 
 # ---------------------------------------------------------------- exactness by chi-square

@@ -123,3 +123,28 @@ def test_first_token_follows_the_warped_target(config, temperature):
         counts += np.bincount(res.tokens[:, 0].get(), minlength=V)
     assert counts[p0 == 0].sum() == 0
     assert merged_chisquare(counts, p0) >= P_MIN
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_prebuilt_warps_equal_the_per_call_ones(config):
+    """verify(warps=build_warps(cupy, ...)) and sample_tokens(warps=...) on CuPy give what the calls that
+    build their warps from top_k / top_p / min_p give, bit for bit (the decode loop's path)."""
+    import cupy as cp
+    from specsample_cupy import sample_tokens
+    from specsample_cupy.warps import build_warps
+    rng = np.random.default_rng(len(config))
+    B, G, V = 8, 3, 3000
+    draft, target = (cp.asarray(a) for a in _rows(rng, B, G, V, "float32", False))
+    tokens = cp.asarray(rng.integers(0, V, (B, G)).astype(np.int32))
+    kw = CONFIGS[config]
+    for temperature in (0.8, cp.asarray(np.float32([1.0, 0.0, 0.5, 1.3, 0.7, 0.9, 0.0, 1.0]))):
+        warps = build_warps(cp, B, V, temperature, **kw)
+        for d in (draft, None):
+            common = dict(temperature=temperature, seed=3, offset=1, logprobs=True)
+            per_call = verify(tokens, d, target, **common, **kw).to_host()
+            prebuilt = verify(tokens, d, target, warps=warps, **common).to_host()
+            np.testing.assert_array_equal(prebuilt.packed, per_call.packed)
+            np.testing.assert_array_equal(prebuilt.logprobs, per_call.logprobs)
+        z = target[:, 0]
+        np.testing.assert_array_equal(sample_tokens(z, temperature=temperature, seed=2, warps=warps).get(),
+                                      sample_tokens(z, temperature=temperature, seed=2, **kw).get())
