@@ -6,8 +6,8 @@ the same command again skips the ids the output already holds and cuts away a to
 lines (malformed, duplicate or missing ids, prompts too long for the context) are reported on stderr and
 skipped. Requests are decoded with continuous batching (generate_run.Runner.run_stream), or with
 --static (and where continuous batching cannot run: --gamma auto, --adaptive-gamma, method baseline)
-in generate() calls by generate_run's batching rule. With --ray, cli_generate_ray hands those static
-batches to a pool of Ray workers and this process writes their lines.
+in generate() calls by generate_run's batching rule. With --ray, cli_generate_ray hands the requests to
+a pool of Ray workers, which batch them the same way, and this process writes their lines.
 """
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
     reported on stderr (FILE:LINE: why) and skipped; the exit status is 1 only when nothing could be
     decoded. Requests are batched continuously unless --static is given or the options need static
     batching (--gamma auto, --adaptive-gamma, --method baseline; a note says so). With --ray, Ray
-    workers decode static batches and this process writes their lines.
+    workers decode the requests, batched the same way, and this process writes their lines.
     """
     from specsample_cupy.cli_generate_ray import generate_on_ray, ray_pool   # it imports this module
 
@@ -203,7 +203,7 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
         raise click.ClickException(f"{name}: no usable request ({len(rejections)} line(s) rejected)")
     if pool is not None:
         setup = WorkerSetup(name, target, draft, pool.device, ngram_min, ngram_max, options)
-        generate_on_ray(requests, len(rejections), read_as, output_path, setup, pool, batch_size, progress)
+        generate_on_ray(requests, len(rejections), read_as, output_path, setup, pool, batch_size, progress, static)
         return
 
     loading = time.perf_counter()

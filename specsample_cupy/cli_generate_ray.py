@@ -1,5 +1,7 @@
-"""`specsample generate --ray`: the same requests, batches and output file as the single-process run, the
-batches decoded by a pool of Ray actors (generate_ray) and their lines written by this process.
+"""`specsample generate --ray`: the same requests and output file as the single-process run, decoded by a
+pool of Ray actors (generate_ray) and their lines written by this process. Each worker batches as the
+single-process run does: continuously over its shares of the requests, or statically (--static, and
+the options continuous batching does not take), one batch of the same rule at a time.
 
 The input is read, its bad lines reported and the output file recovered here, before Ray starts;
 prompts too long for the context are found by the workers (this process loads no model) and reported
@@ -7,6 +9,7 @@ here, as the single-process run reports them.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -14,7 +17,7 @@ import click
 
 from specsample_cupy.cli_generate import check_generated, open_output, pending_of, summary_counts
 from specsample_cupy.generate_ray_worker import WorkerSetup
-from specsample_cupy.generate_run import batches
+from specsample_cupy.generate_run import batches, continuous_allowed
 
 
 @dataclass
@@ -61,15 +64,20 @@ def check_models(setup: WorkerSetup):
 
 
 def generate_on_ray(requests, rejected: int, read_as: str, output_path: str, setup: WorkerSetup, pool: RayPool,
-                    batch_size: int, progress: bool):
+                    batch_size: int, progress: bool, static: bool):
     """Decode the requests the output does not hold yet on the pool; `rejected`: input lines already
-    reported as bad."""
+    reported as bad; `static`: --static."""
     try:
         import ray
         from specsample_cupy import generate_ray
     except ImportError as exc:
         raise click.ClickException(f"--ray needs Ray Data: pip install -e '.[ray]' ({exc})") from exc
     check_models(setup)
+    o = setup.options
+    why_static = "--static" if static else continuous_allowed(o.gamma, o.adaptive_gamma, o.method)
+    if why_static and not static:
+        click.echo(f"batching statically: {why_static}", err=True)
+    setup = dataclasses.replace(setup, batch_size=batch_size, static=bool(why_static))
     writer = open_output(output_path)
     started_ray, tally = False, generate_ray.Tally()
     try:
@@ -82,8 +90,9 @@ def generate_on_ray(requests, rejected: int, read_as: str, output_path: str, set
                 if why:
                     raise click.ClickException(f"{why} (CPU workers: --device cpu)")
             connected = time.perf_counter()
-            blocks = generate_ray.decoded(list(batches(pending, batch_size)), setup, pool.workers,
-                                          pool.gpus_per_worker)
+            parts = list(batches(pending, batch_size)) if setup.static else \
+                generate_ray.shares(pending, batch_size, pool.workers)
+            blocks = generate_ray.decoded(parts, setup, pool.workers, pool.gpus_per_worker)
             generate_ray.write_outcomes(blocks, writer, tally, len(pending), progress)
             ended = time.perf_counter()
     except ray.exceptions.RayError as exc:   # Ray has logged its traceback already

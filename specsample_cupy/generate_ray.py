@@ -1,25 +1,47 @@
-"""The driver of `specsample generate --ray`: the pending batches as a Ray dataset, decoded by a pool of
-DecodeWorker actors, their lines written to the output file here, in this process, as they come.
+"""The driver of `specsample generate --ray`: the pending requests, in shares, as a Ray dataset decoded by
+a pool of DecodeWorker actors, their lines written to the output file here, in this process, as they
+come.
 
 Ray does the scheduling, the restarts and the retries: a worker that dies (a crashed process, a lost
-node) is restarted, loading the models again, and its batch runs again. A batch that ran twice may
+node) is restarted, loading the models again, and its share runs again. A share that ran twice may
 reach the driver twice, so the driver keeps the first outcome of each id and drops any later one:
-each id is written once, and the file is fsync'ed after each batch's outcomes, as in the
-single-process runner.
+each id is written once, and the file is fsync'ed after each share's outcomes.
 """
 from __future__ import annotations
 
 import json
+import math
 import sys
 import warnings
 from dataclasses import dataclass
 
 from specsample_cupy.generate_input import Request
-from specsample_cupy.generate_ray_worker import REJECTED, WRITTEN, DecodeWorker, WorkerSetup, batch_row
+from specsample_cupy.generate_ray_worker import REJECTED, WRITTEN, DecodeWorker, WorkerSetup, share_row
 
-# How often a worker that died is replaced and its batch retried before the run fails; bounded, so
-# that a batch that kills every worker (say, one that runs a GPU out of memory) ends the run.
+# How often a worker that died is replaced and its share retried before the run fails; bounded, so
+# that a share that kills every worker (say, one that runs a GPU out of memory) ends the run.
 RESTARTS = 3
+
+# A worker decodes a share in one generate_stream() call, whose last rounds run with fewer and fewer
+# rows busy as its requests finish. On the CPU pair (48 tokens each, 16 rows) shares of 3 batches'
+# worth of requests took 32 % more rounds than one share of 12, shares of 6 took 9 % more: a share
+# holds at least SHARE_MIN_BATCHES batches' worth. Several shares per worker let a worker that starts
+# late or runs slower take fewer, and bound what a worker that dies takes with it and how long the
+# lines of a long run wait before they reach the file (SHARE_MAX_BATCHES).
+SHARE_MIN_BATCHES = 6
+SHARES_PER_WORKER = 4
+SHARE_MAX_BATCHES = 64
+
+
+def shares(requests: list, batch_size: int, workers: int) -> list[list]:
+    """The requests, in input order, as near-equal shares for continuous batching (the sizes above),
+    their number a multiple of the workers: equal shares keep every worker busy to the end."""
+    n = len(requests)
+    size = math.ceil(n / (workers * SHARES_PER_WORKER))
+    size = min(max(size, SHARE_MIN_BATCHES * batch_size), SHARE_MAX_BATCHES * batch_size)
+    count = min(math.ceil(math.ceil(n / size) / workers) * workers, n)
+    bounds = [n * k // count for k in range(count + 1)]
+    return [requests[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 @dataclass
@@ -67,24 +89,27 @@ def missing_gpus(workers: int, gpus_per_worker: float) -> str | None:
     return None
 
 
-def decoded(batches: list[list[Request]], setup: WorkerSetup, workers: int, gpus_per_worker: float,
+def decoded(parts: list[list[Request]], setup: WorkerSetup, workers: int, gpus_per_worker: float,
             worker=DecodeWorker, restarts: int = RESTARTS):
-    """The outcome blocks (pyarrow tables) of the batches, each as soon as its worker has it."""
+    """The outcome blocks (pyarrow tables) of the shares (static batches with setup.static), each as
+    soon as its worker has it."""
     import ray.data
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False     # the command's own bar counts requests
-    # One block per batch: a worker takes one batch at a time and its lines come back when it ends.
-    dataset = ray.data.from_items([batch_row(b) for b in batches], override_num_blocks=len(batches))
+    # One block per share: a worker takes one share at a time and its lines come back when it ends.
+    dataset = ray.data.from_items([share_row(p) for p in parts], override_num_blocks=len(parts))
     resources = {"num_gpus": gpus_per_worker} if gpus_per_worker > 0 else {"num_cpus": 1}
     with warnings.catch_warnings():
         # Ray 2.60 deprecates passing actor options as keywords, with no named parameter for these two
         # yet (pyproject.toml keeps Ray below 2.64, which drops them). Ray Data's own default is to
-        # restart and retry without end, which a batch that kills every worker would never leave.
+        # restart and retry without end, which a share that kills every worker would never leave.
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        # A share goes to a worker only once it is free (Ray Data would queue a second one on a busy
+        # worker), so a worker that finishes early takes the next share instead of waiting.
+        pool = ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1)
         outcomes = dataset.map_batches(worker, fn_constructor_args=(setup,), batch_size=1, batch_format="pyarrow",
-                                       compute=ray.data.ActorPoolStrategy(size=workers), max_restarts=restarts,
-                                       max_task_retries=restarts, **resources)
+                                       compute=pool, max_restarts=restarts, max_task_retries=restarts, **resources)
     return outcomes.iter_batches(batch_size=None, batch_format="pyarrow")
 
 
@@ -97,7 +122,7 @@ def write_outcomes(blocks, writer, tally: Tally, total: int, progress: bool):
     with tqdm(total=total, disable=not progress, unit="req", file=sys.stderr, dynamic_ncols=True) as bar:
         for block in blocks:
             for outcome in block.to_pylist():
-                if outcome["key"] in seen:   # a retried batch's second answer
+                if outcome["key"] in seen:   # a retried share's second answer
                     continue
                 seen.add(outcome["key"])
                 if outcome["outcome"] == WRITTEN:
