@@ -110,7 +110,8 @@ __device__ __forceinline__ void write_target_feed(int b, int B, int G, int skip,
 // columns and mask, and write the next run's feeds (the next draft run's, S = 1, or after the last
 // step the target's, S = G + 1: the row's last token, then its G drafts).
 // Blocks 0..B-1 sample (the only part that needs the token), blocks B..2B-1 do each row's mask and
-// feed work meanwhile, blocks 2B.. copy key/value columns.
+// feed work meanwhile, blocks 2B.. copy key/value columns. warp_record: null, or [B, SS_RECORD] from
+// warp_rows.cu over the rows sampled (top-k / top-p / min-p: the draft samples the truncated draft).
 template <class T, int VEC>
 __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
     const typename T::storage* __restrict__ logits, int S_run, int V, float temperature,
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
     long long* __restrict__ mask_d, int C, int L_run, long long* __restrict__ next_feed, int next_is_target,
     const long long* __restrict__ mask_t, const long long* __restrict__ seq, int seq_pitch,
     const long long* __restrict__ seq_len, const long long* __restrict__ finished, const int* __restrict__ draft_len,
-    long long pos_limit, int B, Commit commit) {
+    long long pos_limit, const float* __restrict__ warp_record, int B, Commit commit) {
   const int S = next_is_target ? G + 1 : 1;  // the next run's columns
   if ((int)blockIdx.x >= 2 * B) {
     commit_columns(commit, blockIdx.x - 2 * B, gridDim.x - 2 * B);
@@ -128,7 +129,8 @@ __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
   if ((int)blockIdx.x < B) {
     const int b = blockIdx.x;
     const int token = sample_row<T, VEC>(logits + ((long long)b * S_run + S_run - 1) * V, V, temperature, seed,
-                                         offset, SS_PURPOSE_SAMPLE, b, draft_logits + ((long long)b * G + step) * V);
+                                         offset, SS_PURPOSE_SAMPLE, b, draft_logits + ((long long)b * G + step) * V,
+                                         warp_record ? warp_record + (long long)b * SS_RECORD : nullptr);
     if (threadIdx.x == 0) {
       draft_tokens[b * G + step] = token;
       next_feed[next_is_target ? b * S + step + 1 : b] = clamp_id(token, V);
@@ -255,14 +257,14 @@ __global__ void __launch_bounds__(SS_THREADS, 1) round_done(
 // A row whose logits hold NaN/+Inf or no finite value takes nothing and reports its error code.
 // Nothing to roll back: the cache holds every token but the newest, as a step leaves it.
 // Blocks 0..B-1: one request row each (the block samples the row; thread 0 decides and writes);
-// blocks B..: key/value column copies.
+// blocks B..: key/value column copies. warp_record: as draft_step_done's.
 template <class T, int VEC>
 __global__ void __launch_bounds__(SS_THREADS) target_step_done(
     const typename T::storage* __restrict__ logits, int V, float temperature, unsigned long long seed,
     unsigned offset, long long* __restrict__ feed, long long* __restrict__ mask_t, int C, int L_run,
     long long* __restrict__ seq, int seq_pitch, long long* __restrict__ seq_len, const long long* __restrict__ limit,
     long long* __restrict__ finished, const long long* __restrict__ eos, int n_eos, long long pad_id,
-    long long pos_limit, int* __restrict__ report, int B, Commit commit) {
+    long long pos_limit, int* __restrict__ report, const float* __restrict__ warp_record, int B, Commit commit) {
   if ((int)blockIdx.x >= B) {
     commit_columns(commit, blockIdx.x - B, gridDim.x - B);
     return;
@@ -270,7 +272,8 @@ __global__ void __launch_bounds__(SS_THREADS) target_step_done(
   const int b = blockIdx.x;
   const bool was_done = finished[b] != 0;  // the same in every thread: the branch is uniform
   const int token = was_done ? -1 : sample_row<T, VEC>(logits + (long long)b * V, V, temperature, seed, offset,
-                                                       SS_PURPOSE_SAMPLE, b, nullptr);
+                                                       SS_PURPOSE_SAMPLE, b, nullptr,
+                                                       warp_record ? warp_record + (long long)b * SS_RECORD : nullptr);
   if (threadIdx.x != 0) return;
   const long long L0 = seq_len[b];
   const int error = was_done ? 0 : (token == -1 ? SS_ERR_TARGET : (token < 0 ? SS_ERR_NO_MASS : 0));
@@ -334,7 +337,7 @@ __global__ void __launch_bounds__(SS_THREADS) compact_plan(long long* __restrict
   template __global__ void draft_step_done<T, VEC>(                                                             \
       const T::storage*, int, int, float, unsigned long long, unsigned, T::storage*, int*, int, int,            \
       const long long*, long long*, int, int, long long*, int, const long long*, const long long*, int,         \
-      const long long*, const long long*, const int*, long long, int, Commit);
+      const long long*, const long long*, const int*, long long, const float*, int, Commit);
 SS_DRAFT_STEP_DONE(f32, 4)
 SS_DRAFT_STEP_DONE(f32, 1)
 SS_DRAFT_STEP_DONE(f16, 8)
@@ -343,7 +346,8 @@ SS_DRAFT_STEP_DONE(f16, 1)
 #define SS_TARGET_STEP_DONE(T, VEC)                                                                             \
   template __global__ void target_step_done<T, VEC>(                                                            \
       const T::storage*, int, float, unsigned long long, unsigned, long long*, long long*, int, int, long long*, \
-      int, long long*, const long long*, long long*, const long long*, int, long long, long long, int*, int, Commit);
+      int, long long*, const long long*, long long*, const long long*, int, long long, long long, int*, const float*, \
+      int, Commit);
 SS_TARGET_STEP_DONE(f32, 4)
 SS_TARGET_STEP_DONE(f32, 1)
 SS_TARGET_STEP_DONE(f16, 8)

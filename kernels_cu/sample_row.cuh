@@ -7,16 +7,19 @@
 // its sum is needed, and no key overflows however small T is. At T = 0 the pass takes the first
 // argmax instead. NaN/+Inf anywhere in the row gives -1, a row with no finite logit (no mass) -2. 16-byte loads when
 // the row is aligned (VEC > 1). Every thread of the block must call it; every thread gets the
-// token. copy_to, when not null, receives the row as read (same storage).
+// token. copy_to, when not null, receives the row as read (same storage). warp, when not null, is
+// the row's record from warp_rows.cu (top-k / top-p / min-p): entries with M - z > dmax take no part
+// in the race, as verify_kernel's warped mode gives them no probability.
 #pragma once
 #include "philox.cuh"
 #include "block_reduce.cuh"
 #include "load.cuh"
+#include "warp_record.cuh"
 
 template <class T, int VEC>
 __device__ int sample_row(const typename T::storage* __restrict__ row, int V, float temperature,
                           unsigned long long seed, unsigned offset, unsigned purpose, unsigned request,
-                          typename T::storage* __restrict__ copy_to) {
+                          typename T::storage* __restrict__ copy_to, const float* __restrict__ warp = nullptr) {
   __shared__ SoftmaxStat red_stat[SS_WARPS];
   __shared__ RaceBest red_race[SS_WARPS];
   const bool greedy = temperature == 0.f;
@@ -24,6 +27,9 @@ __device__ int sample_row(const typename T::storage* __restrict__ row, int V, fl
   SoftmaxStat st = {-__int_as_float(0x7f800000), 0.f, 0x7fffffff};
   RaceBest best = {-__int_as_float(0x7f800000), 0x7fffffff};
   bool bad = false;
+  // Truncation: keep z iff M - z <= dmax; without a record every entry is kept (dmax = +inf).
+  const float w_max = warp ? warp[SS_REC_MAX] : 0.f;
+  const float w_dmax = warp ? warp[SS_REC_DMAX] : __int_as_float(0x7f800000);
   // LOADS row vectors in flight per thread: a row of a few thousand logits then costs one load
   // round trip, not one per sweep. Each thread still visits its indices in increasing order.
   constexpr int LOADS = 4, SWEEP = SS_THREADS * VEC;
@@ -58,7 +64,7 @@ __device__ int sample_row(const typename T::storage* __restrict__ row, int V, fl
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const float key = fmaf(-temperature, __logf(e[k]), z[u][k]);   // T * log(p_j / E_j) + const
-          if (key > best.key) { best.key = key; best.idx = base + k; }
+          if (key > best.key && w_max - z[u][k] <= w_dmax) { best.key = key; best.idx = base + k; }
         }
       }
     }

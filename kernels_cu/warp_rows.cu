@@ -407,12 +407,15 @@ struct RowSelect {
   }
 };
 
+// draft [B, G, V]; target: request b's G + 1 rows start at target + b * tpitch ((G + 1) V for verify's
+// [B, G + 1, V]; the device loop's samplers pass G = 0 and the last column of a [B, S, V] run output,
+// tpitch = S V). record: [B (2G + 1), SS_RECORD] in verify.cu's row order.
 template <class T, int VEC>
 __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(WR_THREADS, 2) warp_rows_kernel(
     const typename T::storage* __restrict__ draft, const typename T::storage* __restrict__ target,
     const int* __restrict__ lengths, const float* __restrict__ temps, float temp_scalar, int greedy_all,
     const int* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ span,
-    int B, int G, int V, int C, int* __restrict__ err, float* __restrict__ record) {
+    int B, int G, int V, int C, long long tpitch, int* __restrict__ err, float* __restrict__ record) {
   __shared__ RaceBest best_red[WR_WARPS];
   __shared__ RaceBest block_best;   // read by the peers: this block's maximum and first argmax
   __shared__ int block_bad;
@@ -434,7 +437,7 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(WR_THREADS,
   L = min(max(L, 0), G);
   const bool active = is_target ? i <= L : (i < L && !greedy && draft != nullptr);
   if (!active) return;   // the whole cluster leaves together, before any cluster barrier
-  const typename T::storage* src = (is_target ? target + ((long long)b * (G + 1) + i) * V
+  const typename T::storage* src = (is_target ? target + (long long)b * tpitch + (long long)i * V
                                               : draft + ((long long)b * G + i) * V);
   const int lo = rank * C;
   const int n = max(0, min(C, V - lo));
@@ -581,7 +584,7 @@ __global__ void __launch_bounds__(SS_THREADS) emitted_logprobs_kernel(
 
 // The instantiations kernels.py launches (named here too so that an offline nvcc compiles them).
 #define WR_ARGS(S) const S*, const S*, const int*, const float*, float, int, const int*, const float*, \
-    const float*, int, int, int, int, int*, float*
+    const float*, int, int, int, int, long long, int*, float*
 template __global__ void warp_rows_kernel<f32, 1>(WR_ARGS(float));
 template __global__ void warp_rows_kernel<f32, 4>(WR_ARGS(float));
 template __global__ void warp_rows_kernel<f16, 1>(WR_ARGS(unsigned short));

@@ -24,6 +24,10 @@ gamma may change from round to round (gamma_policy): the buffers are sized for t
 gamma, a round of gamma drafts uses their first B * gamma rows, and the policy's choice for round
 r + 1 is made when round r is enqueued, from the reports read by then.
 
+Truncated sampling (top_k / top_p / min_p): before each sampling kernel (draft_step_done,
+target_step_done) warp_rows.cu computes the sampled rows' thresholds (kernels.RowWarps), and the
+sampler races only over the kept entries; verify() gets the same truncation prebuilt (warps=).
+
 A full cache is compacted on the device too (compact_plan), in stream order between two rounds, so
 the masks never cross to the host and no compaction waits for a read.
 
@@ -38,7 +42,7 @@ import time
 
 import numpy as np
 
-from specsample_cupy import errors, kernel_runtime
+from specsample_cupy import errors, kernel_runtime, kernels
 from specsample_cupy.decode_stats import Round
 from specsample_cupy.ngram import propose_ngram_device
 from specsample_cupy.sampling import ROW_SAMPLER_MAX_V
@@ -153,6 +157,8 @@ class _RoundBuffers:
         step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel = _functions(tag, vec)
         self.target_steps = {}   # S -> the target's _Step
         self.step_launches = []
+        self.warps, self.row_warps = None, None   # truncation (start()) and its sampled rows' thresholds
+        self._dtype_name = "float32" if tag == "f32" else "float16"
         self.ngram_feed_launch = None   # prompt-lookup rounds only
         if G == 0:
             self._build_target_only(target, target_kernel)
@@ -199,7 +205,7 @@ class _RoundBuffers:
             ("seq_len", c.c_void_p(dev["seq_len"].data.ptr)), ("limit", c.c_void_p(dev["limit"].data.ptr)),
             ("finished", c.c_void_p(dev["finished"].data.ptr)), ("eos", c.c_void_p(dev["eos"].data.ptr)),
             ("n_eos", c.c_int32(self.E)), ("pad_id", c.c_int64()), ("pos_limit", c.c_int64()),
-            ("report", c.c_void_p(0)), ("B", c.c_int32(B))],
+            ("report", c.c_void_p(0)), ("warp_record", c.c_void_p(0)), ("B", c.c_int32(B))],
             commit, B + _copy_blocks(commit.rows, commit.words))
 
     def _build_speculative(self, target, draft, step_kernel, done_kernel):
@@ -220,7 +226,8 @@ class _RoundBuffers:
                 ("mask_t", c.c_void_p(dev["mask_t"].data.ptr)), ("seq", c.c_void_p(dev["seq"].data.ptr)),
                 ("seq_pitch", c.c_int32(self.P)), ("seq_len", c.c_void_p(dev["seq_len"].data.ptr)),
                 ("finished", c.c_void_p(dev["finished"].data.ptr)),
-                ("draft_len", c.c_void_p(self.draft_len.data.ptr)), ("pos_limit", c.c_int64()), ("B", c.c_int32(B))],
+                ("draft_len", c.c_void_p(self.draft_len.data.ptr)), ("pos_limit", c.c_int64()),
+                ("warp_record", c.c_void_p(0)), ("B", c.c_int32(B))],
                 commit, 2 * B + _copy_blocks(commit.rows, commit.words)))
         self._build_done(target, done_kernel, self.draft_steps[0].feed)
 
@@ -253,12 +260,21 @@ class _RoundBuffers:
             ("seq_len", c.c_void_p(dev["seq_len"].data.ptr)), ("finished", c.c_void_p(dev["finished"].data.ptr)),
             ("pos_limit", c.c_int64()), ("feed", c.c_void_p()), ("B", c.c_int32(self.B))])
 
-    def start(self, req, caches, *, gamma, temperature, seed, pad_id, pos_limit, stream):
+    def start(self, req, caches, *, gamma, temperature, seed, pad_id, pos_limit, stream, warps=None):
         """One generate()'s initial state up in one copy, the per-call launch fields, and the first
         round's feeds: for speculative rounds the draft lengths and first draft feed (round_done with
-        nothing emitted), for target steps the S = 1 feed (built here)."""
+        nothing emitted), for target steps the S = 1 feed (built here). warps: None, or the call's
+        truncation (a Warps of [B] CuPy arrays): every sampled row is then warped first (warp_rows)."""
         import cupy
         host, B = self.host, self.B
+        self.warps = warps
+        record = 0
+        if warps is not None:
+            if self.row_warps is None:
+                vec = 16 // np.dtype(self._dtype_name).itemsize
+                self.row_warps = kernels.RowWarps(self._dtype_name, B, self.V, cupy.cuda.runtime.getDevice(),
+                                                  vec if self.V % vec == 0 else 1)
+            record = self.row_warps.record.data.ptr
         seq = host["seq"].reshape(B, self.P)
         seq[:, :req.seq.shape[1]] = req.seq
         seq[:, req.seq.shape[1]:] = pad_id
@@ -276,7 +292,7 @@ class _RoundBuffers:
                                       1, stream.ptr)
         if self.G == 0:
             self.target_launch.set(temperature=temperature, seed=seed & (2 ** 64 - 1), pad_id=pad_id,
-                                   pos_limit=pos_limit)
+                                   pos_limit=pos_limit, warp_record=record)
             live = ~req.finished
             feed = np.zeros(2 * B + B * (self.C + 1), np.int64)
             feed[:B] = np.where(live, req.last_tokens(), pad_id)
@@ -287,7 +303,7 @@ class _RoundBuffers:
             self.target_steps[1].feed.set(feed, stream=stream)
             return
         for launch in self.step_launches:
-            launch.set(temperature=temperature, seed=seed & (2 ** 64 - 1), pos_limit=pos_limit)
+            launch.set(temperature=temperature, seed=seed & (2 ** 64 - 1), pos_limit=pos_limit, warp_record=record)
         if self.ngram_feed_launch is not None:
             self.ngram_feed_launch.set(pos_limit=pos_limit)
         done = self.done_launch
@@ -379,7 +395,8 @@ class DeviceRounds:
     sequences (req) has taken the round's tokens. draft_cache None: target-only (gamma = 0).
     """
 
-    def __init__(self, decoder, req, target_cache, draft_cache, *, policy, method, temperature, seed, clock):
+    def __init__(self, decoder, req, target_cache, draft_cache, *, policy, method, temperature, seed, clock,
+                 warps=None):
         if draft_cache is not None and target_cache.capacity != draft_cache.capacity:
             raise ValueError("device rounds need both caches at the same capacity")
         self.dec, self.req, self.clock, self.policy = decoder, req, clock, policy
@@ -402,7 +419,8 @@ class DeviceRounds:
         self.gammas = {0: policy.next_gamma()}
         limit = decoder.context_length
         buf.start(req, (target_cache, draft_cache), gamma=self.gammas[0], temperature=temperature, seed=seed,
-                  pad_id=req.pad_id, pos_limit=(limit or np.iinfo(np.int64).max) - 1, stream=self.stream)
+                  pad_id=req.pad_id, pos_limit=(limit or np.iinfo(np.int64).max) - 1, stream=self.stream,
+                  warps=warps)
 
     def finish(self, rows) -> None:
         """Finish these requests now (stop strings): on the host at once, on the device from the next
@@ -435,6 +453,8 @@ class DeviceRounds:
         launch = buf.target_launch
         self.target.replay(buf.target_steps[1])
         self.tc.length += 1
+        if buf.warps is not None:   # the truncation's thresholds of the rows target_step_done samples
+            buf.row_warps(self.stream, buf.target_steps[1].logits.data.ptr, 1, self.temperature, buf.warps)
         buf.set_commit(launch.commit, 1, L)
         launch(self.stream, offset=r & 0xFFFFFFFF, L_run=L, report=report)
 
@@ -455,6 +475,8 @@ class DeviceRounds:
             L = self.dc.length
             self.draft.replay(step)
             self.dc.length += step.steps
+            if buf.warps is not None:   # drafts come from the truncated draft distribution
+                buf.row_warps(stream, step.logits.data.ptr, step.steps, self.temperature, buf.warps)
             last = i == gamma - 1
             buf.set_commit(launch.commit, step.steps, L)
             launch(stream, offset=(base + i) & 0xFFFFFFFF, L_run=L, G=gamma, next_is_target=int(last),
@@ -471,7 +493,7 @@ class DeviceRounds:
         with self.clock.span("verify", start=target_end) if timed else contextlib.nullcontext():
             res = verify(draft_tokens, draft_logits, target_step.logits, method=self.method,
                          temperature=self.temperature, seed=self.seed, offset=base + self.cap,
-                         draft_lengths=buf.draft_len)
+                         draft_lengths=buf.draft_len, warps=buf.warps)
         done = buf.done_launch
         buf.set_commit(done.commit, gamma + 1, L)
         self._keep = res   # its buffer must outlive the launch

@@ -255,16 +255,40 @@ class _WarpRows:
         # (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8).
         cupy.cuda.driver.funcSetAttribute(kern.kernel.ptr, 8, self.shared_bytes)
         self.grid = B * (2 * G + 1) * WARP_CLUSTER
+        self.G, self.V = G, V
         c = ctypes
         self.launch = kernel_runtime.Launch(kern, [
             c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_float(), c.c_int32(),
             c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_int32(B), c.c_int32(G), c.c_int32(V), c.c_int32(C),
-            c.c_void_p(err_ptr), c.c_void_p(record.data.ptr)])
+            ("tpitch", c.c_int64((G + 1) * V)), c.c_void_p(err_ptr), c.c_void_p(record.data.ptr)])
 
-    def __call__(self, stream, head, warps):
-        """head: draft, target, lengths, temps (pointers), temp_scalar, greedy_all."""
+    def __call__(self, stream, head, warps, tpitch=None):
+        """head: draft, target, lengths, temps (pointers), temp_scalar, greedy_all. tpitch: elements
+        from one request's target rows to the next's (default (G + 1) V: [B, G + 1, V])."""
+        pitch = (self.G + 1) * self.V if tpitch is None else tpitch
         self.launch(stream, self.grid, WARP_THREADS, self.shared_bytes,
-                    leading=head + (warps.top_k.data.ptr, warps.top_p.data.ptr, warps.span.data.ptr))
+                    leading=head + (warps.top_k.data.ptr, warps.top_p.data.ptr, warps.span.data.ptr), tpitch=pitch)
+
+
+class RowWarps:
+    """warp_rows.cu over one logits row per request, for the device loop's samplers (decode_round.cu
+    reads `record` [B, WARP_RECORD]: the row's maximum M and truncation threshold dmax): the last of
+    the S columns of a [B, S, V] run output, which need not be contiguous rows. Value errors it finds
+    go to a scratch buffer: the samplers report them themselves."""
+
+    def __init__(self, dtype_name, B, V, device_id, vec):
+        import cupy
+        self.B, self.V = B, V
+        self.itemsize = _ITEMSIZE[_DTYPE_TAG[dtype_name]]
+        self.record = cupy.empty(B * WARP_RECORD, cupy.float32)
+        self._errors = cupy.zeros(B, cupy.int32)
+        self._rows = _WarpRows(_DTYPE_TAG[dtype_name], vec, B, 0, V, device_id, self._errors.data.ptr, self.record)
+
+    def __call__(self, stream, logits_ptr, S, temperature, warps):
+        """Enqueue: rows logits[b, S - 1] of a [B, S, V] output at logits_ptr, at this temperature
+        (0: greedy, nothing truncated), warps: a Warps of [B] CuPy arrays."""
+        last = logits_ptr + (S - 1) * self.V * self.itemsize
+        self._rows(stream, (0, last, 0, 0, float(temperature), int(temperature == 0)), warps, tpitch=S * self.V)
 
 
 def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scalar, seed, offset,

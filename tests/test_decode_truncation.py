@@ -1,4 +1,5 @@
-"""generate() with top_k / top_p / min_p and logprobs (the host loop, on CPU and CUDA), and the CLI's
+"""generate() with top_k / top_p / min_p and logprobs (on CPU and CUDA; test_decode_truncation_device
+compares CUDA's device loop with its host loop), and the CLI's
 --top-k / --top-p / --min-p / --logprobs."""
 import json
 
@@ -29,7 +30,7 @@ def test_top_k_1_is_greedy(decoders, device):
     greedy = dec.generate(PROMPTS, max_new_tokens=16, gamma=3, method="greedy")
     top1 = dec.generate(PROMPTS, max_new_tokens=16, gamma=3, temperature=1.0, top_k=1, seed=5)
     assert top1.token_ids == greedy.token_ids
-    assert top1.stats["loop"] == "host"
+    assert top1.stats["loop"] == ("host" if device == "cpu" else "device")   # CUDA: the device loop
 
 
 @pytest.mark.parametrize("device", DEVICES)
