@@ -180,6 +180,8 @@ __global__ void __launch_bounds__(SS_THREADS) ngram_target_feed(
 //   verify_out [accepted B | emitted B | error B | tokens B*(G+1)] (VerifyResult.packed)
 //   report     verify_out, then [taken B | finished B | draft_len B] (this round's draft lengths)
 // With target_cols = 0 and every emitted count 0 it only prepares the first round.
+// verify_lp / lp_out: null, or verify()'s log-probabilities [B, G + 1] and where they go beside the
+// report (page-locked host memory), copied by the same threads that read the tokens.
 // Blocks 0..B-1: one request row each (its G + 1 tokens are read and checked against the EOS ids by
 // as many threads at once); blocks B..: key/value column copies. G + 1 <= blockDim.x.
 // (Min. 1 block per SM: otherwise ptxas squeezes it into 32 registers and spills; it runs B blocks.)
@@ -189,7 +191,8 @@ __global__ void __launch_bounds__(SS_THREADS, 1) round_done(
     long long* __restrict__ seq, int seq_pitch, long long* __restrict__ seq_len, const long long* __restrict__ limit,
     long long* __restrict__ finished, const long long* __restrict__ eos, int n_eos, long long pad_id,
     int* __restrict__ draft_len, int gamma_next, long long* __restrict__ feed0, long long pos_limit,
-    int* __restrict__ report, int B, Commit commit) {
+    int* __restrict__ report, const float* __restrict__ verify_lp, float* __restrict__ lp_out, int B,
+    Commit commit) {
   if ((int)blockIdx.x >= B) {
     commit_columns(commit, blockIdx.x - B, gridDim.x - B);
     return;
@@ -208,6 +211,7 @@ __global__ void __launch_bounds__(SS_THREADS, 1) round_done(
     s_token[j] = t;
     s_stop[j] = is_eos;
     report[3 * B + b * (G + 1) + j] = t;
+    if (lp_out) lp_out[b * (G + 1) + j] = verify_lp[b * (G + 1) + j];
   }
   __syncthreads();
   if (j == 0) {
@@ -257,14 +261,17 @@ __global__ void __launch_bounds__(SS_THREADS, 1) round_done(
 // A row whose logits hold NaN/+Inf or no finite value takes nothing and reports its error code.
 // Nothing to roll back: the cache holds every token but the newest, as a step leaves it.
 // Blocks 0..B-1: one request row each (the block samples the row; thread 0 decides and writes);
-// blocks B..: key/value column copies. warp_record: as draft_step_done's.
+// blocks B..: key/value column copies. warp_record: as draft_step_done's. lp_out: null, or where the
+// token's log-probability goes (page-locked host memory, [B]): (z - M) / T - log E from the row's
+// warp record (needed then; greedy rows: at temperature 1), -inf for a row that takes nothing.
 template <class T, int VEC>
 __global__ void __launch_bounds__(SS_THREADS) target_step_done(
     const typename T::storage* __restrict__ logits, int V, float temperature, unsigned long long seed,
     unsigned offset, long long* __restrict__ feed, long long* __restrict__ mask_t, int C, int L_run,
     long long* __restrict__ seq, int seq_pitch, long long* __restrict__ seq_len, const long long* __restrict__ limit,
     long long* __restrict__ finished, const long long* __restrict__ eos, int n_eos, long long pad_id,
-    long long pos_limit, int* __restrict__ report, const float* __restrict__ warp_record, int B, Commit commit) {
+    long long pos_limit, int* __restrict__ report, const float* __restrict__ warp_record, float* __restrict__ lp_out,
+    int B, Commit commit) {
   if ((int)blockIdx.x >= B) {
     commit_columns(commit, blockIdx.x - B, gridDim.x - B);
     return;
@@ -298,6 +305,12 @@ __global__ void __launch_bounds__(SS_THREADS) target_step_done(
   report[3 * B + b] = was_done ? -1 : token;
   report[4 * B + b] = taken;
   report[5 * B + b] = done;
+  if (lp_out) {
+    const float* rec = warp_record + (long long)b * SS_RECORD;
+    const float inv_t = temperature == 0.f ? 1.f : 1.f / temperature;
+    lp_out[b] = taken ? (decode<T>(logits[(long long)b * V + token]) - rec[SS_REC_MAX]) * inv_t - logf(rec[SS_REC_S])
+                      : -__int_as_float(0x7f800000);
+  }
 }
 
 // A full cache's compaction plan, without the host: row b's real slots among its first `length`, in
@@ -347,7 +360,7 @@ SS_DRAFT_STEP_DONE(f16, 1)
   template __global__ void target_step_done<T, VEC>(                                                            \
       const T::storage*, int, float, unsigned long long, unsigned, long long*, long long*, int, int, long long*, \
       int, long long*, const long long*, long long*, const long long*, int, long long, long long, int*, const float*, \
-      int, Commit);
+      float*, int, Commit);
 SS_TARGET_STEP_DONE(f32, 4)
 SS_TARGET_STEP_DONE(f32, 1)
 SS_TARGET_STEP_DONE(f16, 8)

@@ -27,6 +27,8 @@ r + 1 is made when round r is enqueued, from the reports read by then.
 Truncated sampling (top_k / top_p / min_p): before each sampling kernel (draft_step_done,
 target_step_done) warp_rows.cu computes the sampled rows' thresholds (kernels.RowWarps), and the
 sampler races only over the kept entries; verify() gets the same truncation prebuilt (warps=).
+Log-probabilities (generate(logprobs=True)): round_done copies verify()'s beside the report, and
+target_step_done computes its token's from the row's warp_rows record.
 
 A full cache is compacted on the device too (compact_plan), in stream order between two rounds, so
 the masks never cross to the host and no compaction waits for a read.
@@ -48,6 +50,7 @@ from specsample_cupy.ngram import propose_ngram_device
 from specsample_cupy.sampling import ROW_SAMPLER_MAX_V
 from specsample_cupy.sessions_static import StaticDecoderSession
 from specsample_cupy.verify import VerifyResult, verify
+from specsample_cupy.warps import off_warps
 
 THREADS = 256
 
@@ -149,6 +152,10 @@ class _RoundBuffers:
         self._pinned_reports = pinned
         self.host_reports = np.frombuffer(pinned, np.int32, 2 * self.report_size).reshape(2, self.report_size)
         self.host_reports[...] = 0
+        # Log-probabilities of each round's tokens (generate(logprobs=True)), beside the reports.
+        pinned = cupy.cuda.alloc_pinned_memory(2 * B * (G + 1) * 4)
+        self._pinned_logprobs = pinned
+        self.host_logprobs = np.frombuffer(pinned, np.float32, 2 * B * (G + 1)).reshape(2, B * (G + 1))
         self.report_events = [cupy.cuda.Event(disable_timing=False) for _ in range(EVENTS)]
         tag = "f32" if target.logits_dtype.char == "f" else "f16"
         vec = 16 // target.logits_dtype.itemsize
@@ -157,7 +164,9 @@ class _RoundBuffers:
         step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel = _functions(tag, vec)
         self.target_steps = {}   # S -> the target's _Step
         self.step_launches = []
-        self.warps, self.row_warps = None, None   # truncation (start()) and its sampled rows' thresholds
+        # Per call (start()): the truncation, the rows the samplers warp, whether logprobs are written;
+        # and the launcher of warp_rows over the sampled rows (made on first use).
+        self.warps, self.sample_warps, self.logprobs, self.row_warps = None, None, False, None
         self._dtype_name = "float32" if tag == "f32" else "float16"
         self.ngram_feed_launch = None   # prompt-lookup rounds only
         if G == 0:
@@ -205,7 +214,8 @@ class _RoundBuffers:
             ("seq_len", c.c_void_p(dev["seq_len"].data.ptr)), ("limit", c.c_void_p(dev["limit"].data.ptr)),
             ("finished", c.c_void_p(dev["finished"].data.ptr)), ("eos", c.c_void_p(dev["eos"].data.ptr)),
             ("n_eos", c.c_int32(self.E)), ("pad_id", c.c_int64()), ("pos_limit", c.c_int64()),
-            ("report", c.c_void_p(0)), ("warp_record", c.c_void_p(0)), ("B", c.c_int32(B))],
+            ("report", c.c_void_p(0)), ("warp_record", c.c_void_p(0)), ("lp_out", c.c_void_p(0)),
+            ("B", c.c_int32(B))],
             commit, B + _copy_blocks(commit.rows, commit.words))
 
     def _build_speculative(self, target, draft, step_kernel, done_kernel):
@@ -247,7 +257,8 @@ class _RoundBuffers:
             ("eos", c.c_void_p(dev["eos"].data.ptr)), ("n_eos", c.c_int32(self.E)),
             ("pad_id", c.c_int64()), ("draft_len", c.c_void_p(self.draft_len.data.ptr)),
             ("gamma_next", c.c_int32(G)), ("feed0", c.c_void_p(feed0.data.ptr)),
-            ("pos_limit", c.c_int64()), ("report", c.c_void_p(0)), ("B", c.c_int32(B))],
+            ("pos_limit", c.c_int64()), ("report", c.c_void_p(0)), ("verify_lp", c.c_void_p(0)),
+            ("lp_out", c.c_void_p(0)), ("B", c.c_int32(B))],
             commit, B + _copy_blocks(commit.rows, commit.words))
 
     def _build_ngram_feed(self, kernel):
@@ -260,16 +271,24 @@ class _RoundBuffers:
             ("seq_len", c.c_void_p(dev["seq_len"].data.ptr)), ("finished", c.c_void_p(dev["finished"].data.ptr)),
             ("pos_limit", c.c_int64()), ("feed", c.c_void_p()), ("B", c.c_int32(self.B))])
 
-    def start(self, req, caches, *, gamma, temperature, seed, pad_id, pos_limit, stream, warps=None):
+    def start(self, req, caches, *, gamma, temperature, seed, pad_id, pos_limit, stream, warps=None,
+              logprobs=False):
         """One generate()'s initial state up in one copy, the per-call launch fields, and the first
         round's feeds: for speculative rounds the draft lengths and first draft feed (round_done with
         nothing emitted), for target steps the S = 1 feed (built here). warps: None, or the call's
-        truncation (a Warps of [B] CuPy arrays): every sampled row is then warped first (warp_rows)."""
+        truncation (a Warps of [B] CuPy arrays): every sampled row is then warped first (warp_rows).
+        logprobs: the rounds also write their tokens' log-probabilities (host_logprobs); target steps
+        then need their rows' statistics, so they run warp_rows with or without truncation."""
         import cupy
         host, B = self.host, self.B
-        self.warps = warps
+        self.warps, self.logprobs = warps, logprobs
+        # The rows the samplers race over: truncated, or (target steps with logprobs) only measured.
+        self.sample_warps = warps
+        if warps is None and logprobs and self.G == 0:
+            with stream:
+                self.sample_warps = off_warps(cupy, B)
         record = 0
-        if warps is not None:
+        if self.sample_warps is not None:
             if self.row_warps is None:
                 vec = 16 // np.dtype(self._dtype_name).itemsize
                 self.row_warps = kernels.RowWarps(self._dtype_name, B, self.V, cupy.cuda.runtime.getDevice(),
@@ -309,7 +328,11 @@ class _RoundBuffers:
         done = self.done_launch
         done.commit.words = 0
         done(stream, pad_id=pad_id, pos_limit=pos_limit, verify_out=self.no_verify.data.ptr, target_cols=0,
-             report=self.first_report.data.ptr, G=gamma, gamma_next=gamma)
+             report=self.first_report.data.ptr, G=gamma, gamma_next=gamma, verify_lp=0, lp_out=0)
+
+    def logprobs_slot(self, r: int) -> int:
+        """Where round r's kernels write its tokens' log-probabilities (0: not asked for)."""
+        return self.host_logprobs[r % 2].ctypes.data if self.logprobs else 0
 
 
 def round_buffers(decoder, B: int, C: int, P: int, G: int, E: int) -> _RoundBuffers:
@@ -396,7 +419,7 @@ class DeviceRounds:
     """
 
     def __init__(self, decoder, req, target_cache, draft_cache, *, policy, method, temperature, seed, clock,
-                 warps=None):
+                 warps=None, logprobs=False):
         if draft_cache is not None and target_cache.capacity != draft_cache.capacity:
             raise ValueError("device rounds need both caches at the same capacity")
         self.dec, self.req, self.clock, self.policy = decoder, req, clock, policy
@@ -420,7 +443,9 @@ class DeviceRounds:
         limit = decoder.context_length
         buf.start(req, (target_cache, draft_cache), gamma=self.gammas[0], temperature=temperature, seed=seed,
                   pad_id=req.pad_id, pos_limit=(limit or np.iinfo(np.int64).max) - 1, stream=self.stream,
-                  warps=warps)
+                  warps=warps, logprobs=logprobs)
+        # generate(logprobs=True): per request, one log-probability per token taken (as decode_host's).
+        self.logprobs = [[] for _ in range(B)] if logprobs else None
 
     def finish(self, rows) -> None:
         """Finish these requests now (stop strings): on the host at once, on the device from the next
@@ -453,10 +478,10 @@ class DeviceRounds:
         launch = buf.target_launch
         self.target.replay(buf.target_steps[1])
         self.tc.length += 1
-        if buf.warps is not None:   # the truncation's thresholds of the rows target_step_done samples
-            buf.row_warps(self.stream, buf.target_steps[1].logits.data.ptr, 1, self.temperature, buf.warps)
+        if buf.sample_warps is not None:   # the thresholds / statistics of the rows target_step_done samples
+            buf.row_warps(self.stream, buf.target_steps[1].logits.data.ptr, 1, self.temperature, buf.sample_warps)
         buf.set_commit(launch.commit, 1, L)
-        launch(self.stream, offset=r & 0xFFFFFFFF, L_run=L, report=report)
+        launch(self.stream, offset=r & 0xFFFFFFFF, L_run=L, report=report, lp_out=buf.logprobs_slot(r))
 
     def _enqueue_speculative(self, r: int, gamma: int, report: int):
         buf, stream, B = self.buf, self.stream, self.B
@@ -493,12 +518,13 @@ class DeviceRounds:
         with self.clock.span("verify", start=target_end) if timed else contextlib.nullcontext():
             res = verify(draft_tokens, draft_logits, target_step.logits, method=self.method,
                          temperature=self.temperature, seed=self.seed, offset=base + self.cap,
-                         draft_lengths=buf.draft_len, warps=buf.warps)
+                         draft_lengths=buf.draft_len, warps=buf.warps, logprobs=buf.logprobs)
         done = buf.done_launch
         buf.set_commit(done.commit, gamma + 1, L)
         self._keep = res   # its buffer must outlive the launch
         done(stream, verify_out=res.packed.data.ptr, L_target=L, report=report, G=gamma, target_cols=gamma + 1,
-             target_feed=target_step.feed.data.ptr, gamma_next=self.gammas[r + 1])
+             target_feed=target_step.feed.data.ptr, gamma_next=self.gammas[r + 1],
+             verify_lp=res.logprobs.data.ptr if buf.logprobs else 0, lp_out=buf.logprobs_slot(r))
 
     def _wait(self, r: int):
         """Wait until round r's report is in host memory."""
@@ -535,6 +561,10 @@ class DeviceRounds:
         if (active & ~req.stopped & (taken <= 0)).any():   # >= 1 token where no error is reported
             raise RuntimeError(f"device round {r} emitted nothing for an unfinished request: report {report.tolist()}")
         taken = req.take(result.tokens, taken, finished)
+        if self.logprobs is not None:
+            lp = self.buf.host_logprobs[r % 2][:B * (G + 1)].reshape(B, G + 1)
+            for b in np.flatnonzero(taken).tolist():
+                self.logprobs[b].extend(float(x) for x in lp[b, :taken[b]])
         accepted = result.emitted - 1 if G else np.zeros(B, np.int64)
         rnd = Round(active, draft_len, accepted, taken, G)
         seconds = None

@@ -234,7 +234,7 @@ class SpeculativeDecoder:
                 order, ties kept; None = off); methods "exact", "greedy" and "target".
             logprobs: also return out.logprobs, per request the log-probability of each generated
                 token under the (truncated) target distribution it was drawn from (greedy: log
-                softmax at temperature 1). logprobs run the host loop.
+                softmax at temperature 1).
 
         Returns GenerationOutput(texts, token_ids, finish_reasons, stats); stats holds rounds, proposed,
         accepted, acceptance_rate (accepted / proposed drafts), mean_accepted_per_round (per request),
@@ -401,8 +401,6 @@ class SpeculativeDecoder:
         target_cache, draft_cache = caches[0], (caches[1] if len(caches) > 1 else None)
         speculative = policy.cap > 0
         why_not = self._why_not_device_loop(speculative, policy.cap)
-        if why_not is None and logprobs:
-            why_not = "logprobs"   # the device loop's reports carry no log-probabilities yet
         temperature = 0.0 if method == "greedy" else float(temperature)
         method = method if speculative else "target"
         if why_not is None:
@@ -417,7 +415,8 @@ class SpeculativeDecoder:
                 with self._on_stream():
                     warps = build_warps(cupy, req.batch, self.target.vocab_size, temperature, **truncation)
             return decode_device.DeviceRounds(self, req, target_cache, draft_cache, policy=policy, method=method,
-                                              temperature=temperature, seed=seed, clock=clock, warps=warps), None
+                                              temperature=temperature, seed=seed, clock=clock, warps=warps,
+                                              logprobs=logprobs), None
         if auto_state is not None:
             policy.load(auto_state)
             policy.choose()

@@ -1,7 +1,7 @@
 """Truncated sampling (top_k / top_p / min_p) on the device loop: before each sampling kernel the
 sampled rows' thresholds come from warp_rows.cu (kernels.RowWarps), the samplers race over the kept
 entries only, and verify() gets the same truncation, so the device loop gives the host loop's tokens
-(but for float near-ties, as in test_decode_device)."""
+(but for float near-ties, as in test_decode_device); and log-probabilities on the device loop."""
 import numpy as np
 import pytest
 
@@ -58,7 +58,24 @@ def test_top_k_1_on_the_device_loop_is_greedy(on_device, gamma):
     assert top1.token_ids == greedy.token_ids
 
 
-def test_logprobs_still_take_the_host_loop(on_device):
-    out = on_device.generate(PROMPTS, max_new_tokens=8, gamma=3, method="exact", temperature=0.8, seed=2,
-                             top_k=5, logprobs=True)
-    assert out.stats["loop"] == "host" and out.stats["device_rounds"] == "logprobs"
+@pytest.mark.parametrize("kwargs", [
+    dict(gamma=3, method="exact", temperature=0.8, seed=2, top_k=5),
+    dict(gamma=3, method="exact", temperature=1.0, seed=3),
+    dict(gamma=0, method="target", temperature=0.9, seed=4),
+    dict(gamma=0, method="target", temperature=0.7, seed=5, top_p=0.8),
+    dict(gamma=4, method="greedy"),
+    dict(gamma=0, method="target", temperature=0),
+])
+def test_logprobs_on_the_device_loop_equal_the_host_loops(on_device, on_host, kwargs):
+    """One finite log-probability <= 0 per token, written beside each round's report (speculative
+    rounds: verify()'s; target steps: from the row's warp_rows record), equal to the host loop's
+    where the tokens are the same."""
+    prompts = PROMPTS * 2
+    dev = on_device.generate(prompts, max_new_tokens=24, logprobs=True, **kwargs)
+    host = on_host.generate(prompts, max_new_tokens=24, logprobs=True, **kwargs)
+    assert dev.stats["loop"] == "device" and host.stats["loop"] == "host"
+    assert _same(dev.token_ids, host.token_ids) >= 0.9, kwargs
+    for a, b, ids_a, ids_b in zip(dev.logprobs, host.logprobs, dev.token_ids, host.token_ids):
+        assert len(a) == len(ids_a) and all(np.isfinite(a)) and max(a) <= 1e-6
+        if ids_a == ids_b:
+            np.testing.assert_allclose(a, b, atol=2e-3)
