@@ -7,6 +7,7 @@ pytest.importorskip("onnxruntime")
 from specsample_cupy import decode_host  # noqa: E402
 from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
 from specsample_cupy.sessions_cache import buffer_ptr  # noqa: E402
+from specsample_cupy.verify import VerifyResult  # noqa: E402
 
 from helpers_decode_gpu import GPU_DECODE, PROMPTS  # noqa: E402
 
@@ -50,18 +51,26 @@ def test_no_logits_cross_to_the_host(pair, monkeypatch):
     gpu = SpeculativeDecoder(*pair, device="cuda", device_rounds=False)
 
     reads = []
-    real_to_host = decode_host.to_host
+    real_to_host, real_result_to_host = decode_host.to_host, VerifyResult.to_host
 
-    def counting_to_host(array):
+    def check(array):
         # Only verify()'s outcome: accepted and emitted counts, error code and gamma+1 token ids per request.
         assert isinstance(array, cupy.ndarray) and array.size <= len(PROMPTS) * (5 + 4), array.shape
         reads.append(array.nbytes)
+
+    def counting_to_host(array):   # sampling steps' tokens
+        check(array)
         return real_to_host(array)
+
+    def counting_result_to_host(result):   # a round's verify() result, in one copy
+        check(result.packed)
+        return real_result_to_host(result)
 
     def forbidden(*args, **kwargs):
         raise AssertionError("cupy.asnumpy called during decoding")
 
     monkeypatch.setattr(decode_host, "to_host", counting_to_host)
+    monkeypatch.setattr(VerifyResult, "to_host", counting_result_to_host)
     monkeypatch.setattr(cupy, "asnumpy", forbidden)
     out = gpu.generate(PROMPTS, max_new_tokens=24, gamma=5, temperature=1.0, seed=1)
     assert len(reads) == out.stats["rounds"], "more than one device-to-host read per round"
