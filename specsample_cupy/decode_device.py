@@ -164,9 +164,10 @@ class _RoundBuffers:
         step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel = _functions(tag, vec)
         self.target_steps = {}   # S -> the target's _Step
         self.step_launches = []
-        # Per call (start()): the truncation, the rows the samplers warp, whether logprobs are written;
-        # and the launcher of warp_rows over the sampled rows (made on first use).
-        self.warps, self.sample_warps, self.logprobs, self.row_warps = None, None, False, None
+        # Per call (start()): the truncation (draft steps warp their rows by it), the warps of verify()
+        # and of target steps (the truncation, or none truncating when logprobs need the statistics),
+        # whether logprobs are written; and the launcher of warp_rows over sampled rows (first use).
+        self.truncation, self.warps, self.logprobs, self.row_warps = None, None, False, None
         self._dtype_name = "float32" if tag == "f32" else "float16"
         self.ngram_feed_launch = None   # prompt-lookup rounds only
         if G == 0:
@@ -281,14 +282,14 @@ class _RoundBuffers:
         then need their rows' statistics, so they run warp_rows with or without truncation."""
         import cupy
         host, B = self.host, self.B
-        self.warps, self.logprobs = warps, logprobs
-        # The rows the samplers race over: truncated, or (target steps with logprobs) only measured.
-        self.sample_warps = warps
-        if warps is None and logprobs and self.G == 0:
+        self.logprobs, self.truncation = logprobs, warps
+        if warps is None and logprobs:   # logprobs need the rows' statistics: warp_rows, nothing truncated
             with stream:
-                self.sample_warps = off_warps(cupy, B)
+                warps = off_warps(cupy, B)
+        self.warps = warps   # verify()'s and the target steps' samplers' (built once per call)
+        sampled = self.warps if self.G == 0 else self.truncation   # what the sampling kernels read
         record = 0
-        if self.sample_warps is not None:
+        if sampled is not None:
             if self.row_warps is None:
                 vec = 16 // np.dtype(self._dtype_name).itemsize
                 self.row_warps = kernels.RowWarps(self._dtype_name, B, self.V, cupy.cuda.runtime.getDevice(),
@@ -478,8 +479,8 @@ class DeviceRounds:
         launch = buf.target_launch
         self.target.replay(buf.target_steps[1])
         self.tc.length += 1
-        if buf.sample_warps is not None:   # the thresholds / statistics of the rows target_step_done samples
-            buf.row_warps(self.stream, buf.target_steps[1].logits.data.ptr, 1, self.temperature, buf.sample_warps)
+        if buf.warps is not None:   # the thresholds / statistics of the rows target_step_done samples
+            buf.row_warps(self.stream, buf.target_steps[1].logits.data.ptr, 1, self.temperature, buf.warps)
         buf.set_commit(launch.commit, 1, L)
         launch(self.stream, offset=r & 0xFFFFFFFF, L_run=L, report=report, lp_out=buf.logprobs_slot(r))
 
@@ -500,8 +501,8 @@ class DeviceRounds:
             L = self.dc.length
             self.draft.replay(step)
             self.dc.length += step.steps
-            if buf.warps is not None:   # drafts come from the truncated draft distribution
-                buf.row_warps(stream, step.logits.data.ptr, step.steps, self.temperature, buf.warps)
+            if buf.truncation is not None:   # drafts come from the truncated draft distribution
+                buf.row_warps(stream, step.logits.data.ptr, step.steps, self.temperature, buf.truncation)
             last = i == gamma - 1
             buf.set_commit(launch.commit, step.steps, L)
             launch(stream, offset=(base + i) & 0xFFFFFFFF, L_run=L, G=gamma, next_is_target=int(last),
