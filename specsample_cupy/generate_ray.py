@@ -23,13 +23,14 @@ from specsample_cupy.generate_ray_worker import REJECTED, WRITTEN, DecodeWorker,
 RESTARTS = 3
 
 # A worker decodes a share in one generate_stream() call, whose last rounds run with fewer and fewer
-# rows busy as its requests finish. On the CPU pair (48 tokens each, 16 rows) shares of 3 batches'
-# worth of requests took 32 % more rounds than one share of 12, shares of 6 took 9 % more: a share
-# holds at least SHARE_MIN_BATCHES batches' worth. Several shares per worker let a worker that starts
-# late or runs slower take fewer, and bound what a worker that dies takes with it and how long the
-# lines of a long run wait before they reach the file (SHARE_MAX_BATCHES).
+# rows busy as its requests finish: every share costs such a tail. On the CPU pair (48 tokens each,
+# 16 rows) 192 requests in shares of 3 batches' worth took 32 % more rounds than in one share, in
+# shares of 6 9 % more; 768 requests in shares of 12 8 %, of 24 3 %. So a share holds at least
+# SHARE_MIN_BATCHES batches' worth, and a worker gets few shares: two, so that one that starts late
+# or runs slower takes fewer (a share goes to whichever worker is free). SHARE_MAX_BATCHES bounds
+# what a worker that dies takes with it and how long the lines of a long run wait to reach the file.
 SHARE_MIN_BATCHES = 6
-SHARES_PER_WORKER = 4
+SHARES_PER_WORKER = 2
 SHARE_MAX_BATCHES = 64
 
 
