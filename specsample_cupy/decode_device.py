@@ -291,9 +291,7 @@ class _RoundBuffers:
         record = 0
         if sampled is not None:
             if self.row_warps is None:
-                vec = 16 // np.dtype(self._dtype_name).itemsize
-                self.row_warps = kernels.RowWarps(self._dtype_name, B, self.V, cupy.cuda.runtime.getDevice(),
-                                                  vec if self.V % vec == 0 else 1)
+                self.row_warps = kernels.RowWarps(self._dtype_name, B, self.V, cupy.cuda.runtime.getDevice())
             record = self.row_warps.record.data.ptr
         seq = host["seq"].reshape(B, self.P)
         seq[:, :req.seq.shape[1]] = req.seq

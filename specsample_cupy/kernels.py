@@ -276,13 +276,14 @@ class RowWarps:
     the S columns of a [B, S, V] run output, which need not be contiguous rows. Value errors it finds
     go to a scratch buffer: the samplers report them themselves."""
 
-    def __init__(self, dtype_name, B, V, device_id, vec):
+    def __init__(self, dtype_name, B, V, device_id):
         import cupy
         self.B, self.V = B, V
-        self.itemsize = _ITEMSIZE[_DTYPE_TAG[dtype_name]]
+        tag, vec = _vec_width(dtype_name, V)   # run outputs are allocation-aligned: V decides
+        self.itemsize = _ITEMSIZE[tag]
         self.record = cupy.empty(B * WARP_RECORD, cupy.float32)
         self._errors = cupy.zeros(B, cupy.int32)
-        self._rows = _WarpRows(_DTYPE_TAG[dtype_name], vec, B, 0, V, device_id, self._errors.data.ptr, self.record)
+        self._rows = _WarpRows(tag, vec, B, 0, V, device_id, self._errors.data.ptr, self.record)
 
     def __call__(self, stream, logits_ptr, S, temperature, warps):
         """Enqueue: rows logits[b, S - 1] of a [B, S, V] output at logits_ptr, at this temperature

@@ -1,29 +1,14 @@
 """Speculative rounds with their bookkeeping on the GPU (decode_device) against the host-driven rounds:
 the same Philox offsets and the same rules, so the same tokens but for float near-ties."""
-import numpy as np
 import pytest
 
 pytest.importorskip("onnxruntime")
 
 from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
 
-from helpers_decode_gpu import GPU_DECODE, PROMPTS  # noqa: E402
+from helpers_decode_gpu import GPU_DECODE, PROMPTS, on_device, on_host, same_fraction  # noqa: E402,F401
 
 pytestmark = GPU_DECODE
-
-
-@pytest.fixture(scope="module")
-def on_device(pair):
-    return SpeculativeDecoder(*pair, device="cuda")
-
-
-@pytest.fixture(scope="module")
-def on_host(pair):
-    return SpeculativeDecoder(*pair, device="cuda", device_rounds=False)
-
-
-def _same(a, b) -> float:
-    return float(np.mean([x == y for x, y in zip(a, b)]))
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -41,7 +26,7 @@ def test_device_rounds_give_the_tokens_of_host_rounds(on_device, on_host, kwargs
     dev = on_device.generate(prompts, **kwargs)
     host = on_host.generate(prompts, **kwargs)
     assert dev.stats["device_rounds"] is True and host.stats["device_rounds"] == "off"
-    assert _same(dev.token_ids, host.token_ids) >= 0.9, kwargs
+    assert same_fraction(dev.token_ids, host.token_ids) >= 0.9, kwargs
     assert all(len(t) == kwargs["max_new_tokens"] for t in dev.token_ids if 0 not in t)
     if kwargs["max_new_tokens"] >= 60:
         assert dev.stats["kv_compactions"] > 0, "the long run should fill the static cache at least once"
@@ -74,7 +59,7 @@ def test_device_rounds_stop_each_request_at_its_eos(pair):
     for ids in dev.token_ids:
         ends = [j for j, t in enumerate(ids) if t in eos]
         assert ends == [] and len(ids) == 64 or ends == [len(ids) - 1]
-    assert _same(dev.token_ids, host.token_ids) >= 0.9
+    assert same_fraction(dev.token_ids, host.token_ids) >= 0.9
     assert dev.stats["discarded_rounds"] in (0, 1)
 
 
@@ -130,7 +115,7 @@ def test_target_only_device_loop_gives_the_host_loops_tokens(on_device, on_host,
     kwargs = dict(max_new_tokens=50, gamma=0, method="target", temperature=temperature, seed=11)
     dev, host = on_device.generate(PROMPTS * 2, **kwargs), on_host.generate(PROMPTS * 2, **kwargs)
     assert dev.stats["loop"] == "device" and host.stats["loop"] == "host"
-    assert _same(dev.token_ids, host.token_ids) >= 0.9
+    assert same_fraction(dev.token_ids, host.token_ids) >= 0.9
 
 
 @pytest.mark.parametrize("gamma,extra", [(1, {}), (4, {}), (3, {"adaptive_gamma": True}), ("auto", {})])
@@ -140,7 +125,7 @@ def test_greedy_device_loop_equals_target_only_greedy(on_device, gamma, extra):
     expected = on_device.generate(PROMPTS, max_new_tokens=60, method="target", temperature=0).token_ids
     out = on_device.generate(PROMPTS, max_new_tokens=60, gamma=gamma, method="greedy", **extra)
     assert out.stats["loop"] == "device"
-    assert _same(out.token_ids, expected) >= 0.75 and sum(a == b for a, b in zip(out.token_ids, expected)) >= 3
+    assert same_fraction(out.token_ids, expected) >= 0.75 and sum(a == b for a, b in zip(out.token_ids, expected)) >= 3
     if gamma == "auto":
         assert out.stats["gamma_mode"] == "auto" and 1 <= out.stats["mean_gamma"] <= 12
 

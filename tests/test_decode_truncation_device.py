@@ -7,25 +7,10 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
 
-from helpers_decode_gpu import GPU_DECODE, PROMPTS  # noqa: E402
+from helpers_decode_gpu import GPU_DECODE, PROMPTS, on_device, on_host, same_fraction  # noqa: E402,F401
 
 pytestmark = GPU_DECODE
-
-
-@pytest.fixture(scope="module")
-def on_device(pair):
-    return SpeculativeDecoder(*pair, device="cuda")
-
-
-@pytest.fixture(scope="module")
-def on_host(pair):
-    return SpeculativeDecoder(*pair, device="cuda", device_rounds=False)
-
-
-def _same(a, b) -> float:
-    return float(np.mean([x == y for x, y in zip(a, b)]))
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -41,7 +26,7 @@ def test_truncation_on_the_device_loop_gives_the_host_loops_tokens(on_device, on
     host = on_host.generate(prompts, **kwargs)
     assert dev.stats["loop"] == "device" and dev.stats["device_rounds"] is True
     assert host.stats["loop"] == "host"
-    assert _same(dev.token_ids, host.token_ids) >= 0.9, kwargs
+    assert same_fraction(dev.token_ids, host.token_ids) >= 0.9, kwargs
     for ids in dev.token_ids:
         assert all(0 <= t < on_device.target.vocab_size for t in ids)
 
@@ -74,7 +59,7 @@ def test_logprobs_on_the_device_loop_equal_the_host_loops(on_device, on_host, kw
     dev = on_device.generate(prompts, max_new_tokens=24, logprobs=True, **kwargs)
     host = on_host.generate(prompts, max_new_tokens=24, logprobs=True, **kwargs)
     assert dev.stats["loop"] == "device" and host.stats["loop"] == "host"
-    assert _same(dev.token_ids, host.token_ids) >= 0.9, kwargs
+    assert same_fraction(dev.token_ids, host.token_ids) >= 0.9, kwargs
     for a, b, ids_a, ids_b in zip(dev.logprobs, host.logprobs, dev.token_ids, host.token_ids):
         assert len(a) == len(ids_a) and all(np.isfinite(a)) and max(a) <= 1e-6
         if ids_a == ids_b:

@@ -12,6 +12,7 @@ ray = pytest.importorskip("ray")
 pa = pytest.importorskip("pyarrow")
 
 from helpers_cli import split_runner  # noqa: E402
+from helpers_streams import failing_after_one  # noqa: E402
 from specsample_cupy import generate_ray  # noqa: E402
 from specsample_cupy.cli_generate import generate  # noqa: E402
 from specsample_cupy.generate_input import Request, Settings  # noqa: E402
@@ -210,12 +211,7 @@ def test_a_stream_refused_midway_keeps_the_lines_it_finished(pair, monkeypatch):
 
     real = SpeculativeDecoder.generate_stream
 
-    def fail_after_one(self, *args, **kwargs):
-        results = real(self, *args, **kwargs)
-        yield next(results)
-        results.close()
-        raise ValueError("target logits hold NaN/+Inf")
-    monkeypatch.setattr(SpeculativeDecoder, "generate_stream", fail_after_one)
+    monkeypatch.setattr(SpeculativeDecoder, "generate_stream", failing_after_one(real, "target logits hold NaN/+Inf"))
     worker = DecodeWorker(WorkerSetup("in", pair[0], pair[1], "cpu", 1, 4, DecodeOptions("greedy", 3, False), 2))
     settings = [Settings(2, 0.0, 0), Settings(6, 0.0, 0), Settings(6, 0.0, 0)]   # the first finishes first
     outcomes = worker.decode_stream([Request(i, str(i), i + 1, PROMPTS[i], s) for i, s in enumerate(settings)])

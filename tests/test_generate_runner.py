@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from helpers_cli import split_runner  # noqa: E402
+from helpers_streams import failing_after_one  # noqa: E402
 from specsample_cupy.cli_decode import decode  # noqa: E402
 from specsample_cupy.cli_generate import generate  # noqa: E402
 from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
@@ -277,12 +278,7 @@ def test_a_refused_batch_is_reported_per_request(pair, tmp_path, monkeypatch):
 def test_a_stream_refused_midway_keeps_its_lines_and_reports_the_rest(pair, tmp_path, monkeypatch):
     real = SpeculativeDecoder.generate_stream
 
-    def fail_after_one(self, *args, **kwargs):
-        results = real(self, *args, **kwargs)
-        yield next(results)
-        results.close()
-        raise ValueError("target logits hold NaN/+Inf")
-    monkeypatch.setattr(SpeculativeDecoder, "generate_stream", fail_after_one)
+    monkeypatch.setattr(SpeculativeDecoder, "generate_stream", failing_after_one(real, "target logits hold NaN/+Inf"))
     (tmp_path / "p.txt").write_text("the sea\nrain\na\n")
     result = _run(pair, tmp_path / "p.txt", tmp_path / "out.jsonl", "--max-new-tokens", "4", "--batch-size", "2")
     assert result.exit_code == 0, result.stderr
