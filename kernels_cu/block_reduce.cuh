@@ -79,3 +79,9 @@ struct CombineSum {
 struct BetterRace {
   __device__ RaceBest operator()(RaceBest a, RaceBest b) const { return better(a, b); }
 };
+struct MaxFloat {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct AddFloat {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};

@@ -9,6 +9,20 @@ __device__ __forceinline__ float ex2_approx(float x) {  // 2^x, ~2 ulp; 0 for -i
   return y;
 }
 
+__device__ __forceinline__ float rcp_approx(float x) {  // 1 / x, ~1 ulp; 0 for +inf
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// max(a, b), NaN when either is NaN (fmaxf drops a NaN): one instruction on sm_80+, so a running
+// maximum also carries the NaN / +Inf check of every element it has seen.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float y;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
+  return y;
+}
+
 struct f32 { typedef float storage; };
 struct f16 { typedef unsigned short storage; };
 struct bf16 { typedef unsigned short storage; };

@@ -49,6 +49,9 @@
 // from warp_rows_kernel (warp_rows.cu), launched just before; there are no P1 items.
 #define SS_MODE_WARPED 4
 
+// Per P2 slice: the race's two winners (key, index) and the paper residual's partial sum.
+#define SS_CAND 5
+
 #define SS_INF __int_as_float(0x7f800000)
 #define SS_LOG2E 1.4426950408889634f
 
@@ -70,30 +73,17 @@ __device__ __forceinline__ void store_stat(int* p, SoftmaxStat s) {
 // the maximum being what P1's checks compute anyway). SIGMOID_PAPER: the paper's released code, as
 // written: sigma'(z) = 0 below the clamp window, 1 above it, the sigmoid inside; the residual
 // max(1e-5, max(0, sigma'p - sigma'q) / (1e-6 + sum)) and the bonus max(1e-5, z) (raw logits),
-// each drawn in proportion to its weight.
+// each drawn in proportion to its weight. Neither needs row statistics for acceptance, so P1 only
+// checks their rows; the paper's residual sum is taken in the race's own pass over row n (P2), the
+// only row pair it is needed for.
 __host__ __device__ constexpr bool is_sigmoid(int mode) {
   return mode == SS_MODE_SIGMOID || mode == SS_MODE_SIGMOID_PAPER;
 }
 
-// Paper mode: a draft row's P1 item also reads the target row of the same position (the residual
-// needs both), keeping m = the draft row's maximum, s = sum of max(0, sigma'p - sigma'q) and, in
-// arg, the target row's maximum as float bits (both maxima decide the no-mass check).
-__device__ __forceinline__ SoftmaxStat combine_pair(SoftmaxStat a, SoftmaxStat b) {
-  SoftmaxStat r;
-  r.m = fmaxf(a.m, b.m);
-  r.s = a.s + b.s;
-  r.arg = __float_as_int(fmaxf(__int_as_float(a.arg), __int_as_float(b.arg)));
-  return r;
-}
-struct CombinePair {
-  __device__ SoftmaxStat operator()(SoftmaxStat a, SoftmaxStat b) const { return combine_pair(a, b); }
-};
-
-// How partial row statistics combine: rescaled sums of exponentials, plain sums of probabilities,
-// or the paper's residual sums with both rows' maxima.
+// How partial row statistics combine: rescaled sums of exponentials, or plain sums of
+// probabilities (the sigmoid modes keep only the maximum: the no-mass check).
 template <int MODE> struct RowCombine { typedef CombineStat type; };
 template <> struct RowCombine<SS_MODE_PROBS> { typedef CombineSum type; };
-template <> struct RowCombine<SS_MODE_SIGMOID_PAPER> { typedef CombinePair type; };
 
 // What P1 computes over a slice: softmax statistics, max + first argmax (greedy rows), or the
 // maximum alone (sigmoid: only the checks and the no-mass test).
@@ -155,21 +145,14 @@ struct Verifier {
   __device__ __forceinline__ bool row_active(const Request& rq, bool is_target, int i) const {
     return is_target ? i <= rq.L : (i < rq.L && !rq.greedy && draft != nullptr);
   }
-  // Rows with P1 items of their own: paper mode reads target row i < L in draft row i's items.
-  __device__ __forceinline__ bool row_scanned(const Request& rq, bool is_target, int i) const {
-    if (MODE == SS_MODE_SIGMOID_PAPER && is_target && i < rq.L) return false;
-    return row_active(rq, is_target, i);
-  }
-
-  // sigma(z) of the sigmoid methods, z temperature-scaled (see is_sigmoid).
+  // sigma(z) of the sigmoid methods, z temperature-scaled (see is_sigmoid). It runs for every
+  // element of a rejected position's two rows: fast exp2 and reciprocal (a few ulp), and for the
+  // paper's clamps selects rather than branches.
   __device__ __forceinline__ float sigma(float z) const {
     const float t = (z - sig_offset) * sig_inv_scale;
-    if constexpr (MODE == SS_MODE_SIGMOID_PAPER) {
-      if (t < 0.f) return 0.f;
-      if (t > 1.f) return 1.f;
-      return __fdividef(1.f, 1.f + __expf(-t));   // t in [0, 1]: the fast forms are accurate here
-    }
-    return 1.f / (1.f + expf(-t));
+    const float r = rcp_approx(1.f + ex2_approx(t * -SS_LOG2E));   // 0 / 1 in the far tails
+    if constexpr (MODE == SS_MODE_SIGMOID_PAPER) return t < 0.f ? 0.f : (t > 1.f ? 1.f : r);
+    return r;
   }
 
   // Request b's Philox numbers at one (position, purpose): keyed by the call's seed and offset at
@@ -192,8 +175,8 @@ struct Verifier {
   }
 
   // ---- P1: checks and statistics of one vocabulary slice of one row --------------------------
-  // Per element: one compare for NaN/+Inf, a max, and for sampling rows one FFMA + ex2 + add
-  // (exp(x / T - m) = 2^(x c - m c) with c = log2(e) / T); greedy rows track the first argmax and
+  // Per element: a NaN-propagating max (so the NaN/+Inf check is one test per group of loads),
+  // and for sampling rows one FFMA + ex2 + add (exp(x / T - m) = 2^(x c - m c) with c = log2(e) / T); greedy rows track the first argmax and
   // skip the exponentials. The running maximum is kept in raw logit units and scaled at the end.
   // Probabilities: a range check and a sum of the valid entries (greedy rows: also the argmax).
   template <int KIND>
@@ -203,13 +186,18 @@ struct Verifier {
     float m = -SS_INF;
     for (int base = lo + threadIdx.x * VEC; base < hi; base += LOADS * STEP) {
       float v[LOADS][VEC];
+      if (base + (LOADS - 1) * STEP < hi) {   // the whole group in the slice: no padding to set
 #pragma unroll
-      for (int u = 0; u < LOADS; ++u) {
-        if (base + u * STEP < hi) {
-          load_vec<T, VEC>(row + base + u * STEP, v[u]);
-        } else {
+        for (int u = 0; u < LOADS; ++u) load_vec<T, VEC>(row + base + u * STEP, v[u]);
+      } else {
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) v[u][e] = MODE == SS_MODE_PROBS ? 0.f : -SS_INF;
+        for (int u = 0; u < LOADS; ++u) {
+          if (base + u * STEP < hi) {
+            load_vec<T, VEC>(row + base + u * STEP, v[u]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) v[u][e] = MODE == SS_MODE_PROBS ? 0.f : -SS_INF;
+          }
         }
       }
       float gm = -SS_INF;
@@ -230,17 +218,29 @@ struct Verifier {
           if (gm > m) { m = gm; st.arg = garg; }
         }
       } else {
+        if constexpr (KIND == SCAN_ARGMAX) {
 #pragma unroll
-        for (int u = 0; u < LOADS; ++u)
+          for (int u = 0; u < LOADS; ++u)
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            bad |= !(v[u][e] < SS_INF);
-            if constexpr (KIND == SCAN_ARGMAX) {
+            for (int e = 0; e < VEC; ++e) {
+              bad |= !(v[u][e] < SS_INF);
               if (v[u][e] > gm) { gm = v[u][e]; garg = base + u * STEP + e; }
-            } else {
-              gm = fmaxf(gm, v[u][e]);
             }
+        } else {
+          // The group's maximum, NaN if any entry is; one chain per load, so they overlap.
+          float um[LOADS];
+#pragma unroll
+          for (int u = 0; u < LOADS; ++u) {
+            um[u] = v[u][0];
+#pragma unroll
+            for (int e = 1; e < VEC; ++e) um[u] = max_nan(um[u], v[u][e]);
           }
+#pragma unroll
+          for (int u = 0; u < LOADS; ++u) gm = max_nan(gm, um[u]);
+        }
+        // Statistics and checks: one NaN/+Inf test per group (a NaN maximum fails `gm > m`, so m
+        // stays a number; the request is flagged and its statistics are never used).
+        if constexpr (KIND != SCAN_ARGMAX) bad |= !(gm < SS_INF);
         if constexpr (KIND == SCAN_ARGMAX) {
           if (gm > m) { m = gm; st.arg = garg; }
         } else if constexpr (KIND == SCAN_CHECK) {
@@ -265,58 +265,16 @@ struct Verifier {
     st.m = MODE == SS_MODE_PROBS ? m : m * inv_t;
   }
 
-  // Paper mode, draft row i's slice with target row i's: both rows' checks and maxima, and the sum
-  // of max(0, sigma'(p) - sigma'(q)) (the residual's normaliser).
-  __device__ __forceinline__ void scan_pair(const S* prow, const S* qrow, int lo, int hi, float inv_t,
-                                            SoftmaxStat& st, bool& bad_p, bool& bad_q) const {
-    constexpr int STEP = SS_THREADS * VEC;
-    constexpr int U = LOADS / 2 > 0 ? LOADS / 2 : 1;   // 16-byte loads in flight per row
-    float mp = -SS_INF, mq = -SS_INF;
-    for (int base = lo + threadIdx.x * VEC; base < hi; base += U * STEP) {
-      float p[U][VEC], q[U][VEC];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (base + u * STEP < hi) {
-          load_vec<T, VEC>(prow + base + u * STEP, p[u]);
-          load_vec<T, VEC>(qrow + base + u * STEP, q[u]);
-        } else {
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) p[u][e] = q[u][e] = -SS_INF;   // sigma'(-inf) = 0: adds nothing
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          bad_p |= !(p[u][e] < SS_INF);
-          bad_q |= !(q[u][e] < SS_INF);
-          mp = fmaxf(mp, p[u][e]);
-          mq = fmaxf(mq, q[u][e]);
-          st.s += fmaxf(sigma(p[u][e] * inv_t) - sigma(q[u][e] * inv_t), 0.f);
-        }
-    }
-    st.m = mq * inv_t;
-    st.arg = __float_as_int(mp * inv_t);
-  }
-
   __device__ __forceinline__ void phase1(int b, int r, int s, SoftmaxStat* red) const {
     const Request rq = request(b);
     const bool is_target = r <= G;
     const int i = is_target ? r : r - G - 1;
-    if (row_scanned(rq, is_target, i)) {
-      SoftmaxStat st = {-SS_INF, 0.f, MODE == SS_MODE_SIGMOID_PAPER ? __float_as_int(-SS_INF) : 0x7fffffff};
+    if (row_active(rq, is_target, i)) {
+      SoftmaxStat st = {-SS_INF, 0.f, 0x7fffffff};
       bool bad = false;
       const int lo = s * C1, hi = min(V, lo + C1);
       const S* row = is_target ? target_row(b, i) : draft_row(b, i);
-      if constexpr (MODE == SS_MODE_SIGMOID_PAPER) {
-        if (is_target) {
-          scan_slice<SCAN_CHECK>(row, lo, hi, rq.inv_t, st, bad);
-        } else {
-          bool bad_p = false;
-          scan_pair(target_row(b, i), row, lo, hi, rq.inv_t, st, bad_p, bad);
-          flag_bad(bad_p, b, SS_ERR_TARGET);
-        }
-      } else if constexpr (MODE == SS_MODE_SIGMOID) scan_slice<SCAN_CHECK>(row, lo, hi, rq.inv_t, st, bad);
+      if constexpr (is_sigmoid(MODE)) scan_slice<SCAN_CHECK>(row, lo, hi, rq.inv_t, st, bad);
       else if (rq.greedy) scan_slice<SCAN_ARGMAX>(row, lo, hi, rq.inv_t, st, bad);
       else scan_slice<SCAN_STATS>(row, lo, hi, rq.inv_t, st, bad);
       flag_bad(bad, b, is_target ? SS_ERR_TARGET : SS_ERR_DRAFT);
@@ -346,13 +304,13 @@ struct Verifier {
 
   // After the wait: combine each active row's slice statistics into shared memory, one warp per
   // row. Sets *no_mass when an active row has no probability mass (logits, sigmoid: no entry
-  // > -inf; probabilities: the valid entries sum to 0; paper mode: either row of a pair).
+  // > -inf; probabilities: the valid entries sum to 0).
   __device__ __forceinline__ void combine_rows(int b, const Request& rq, int* no_mass) const {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int r = warp; r < R; r += SS_WARPS) {
       const bool is_target = r <= G;
       const int i = is_target ? r : r - G - 1;
-      if (!row_scanned(rq, is_target, i)) continue;
+      if (!row_active(rq, is_target, i)) continue;
       SoftmaxStat st = {-SS_INF, 0.f, 0x7fffffff};
       if constexpr (MODE == SS_MODE_WARPED) {
         const float* rec = record + (long long)(b * R + r) * SS_RECORD;
@@ -366,9 +324,7 @@ struct Verifier {
       }
       if (lane == 0) {
         rows[r] = st;
-        const bool pair = MODE == SS_MODE_SIGMOID_PAPER && !is_target;
-        if (MODE == SS_MODE_PROBS ? !(st.s > 0.f) : (st.m == -SS_INF || (pair && __int_as_float(st.arg) == -SS_INF)))
-          *no_mass = 1;
+        if (MODE == SS_MODE_PROBS ? !(st.s > 0.f) : st.m == -SS_INF) *no_mass = 1;
       }
     }
   }
@@ -480,13 +436,15 @@ struct Verifier {
     const int n = sh[0];
     const bool bonus = n >= rq.L;
     // The sigmoid methods wait for the request's rows only where the race needs them: the bonus
-    // row's maximum (SIGMOID), the rejected position's residual sum (SIGMOID_PAPER).
-    const bool needs_rows = MODE == SS_MODE_SIGMOID ? bonus : (MODE == SS_MODE_SIGMOID_PAPER && !bonus);
+    // row's maximum (SIGMOID). SIGMOID_PAPER never does: its residual's sum comes from the race's
+    // own pass over row n (see finish()).
+    const bool needs_rows = MODE == SS_MODE_SIGMOID && bonus;
     if (is_sigmoid(MODE) && needs_rows) gather_rows(b, rq, sh);
     const bool gathered = !is_sigmoid(MODE) || needs_rows;
     const int errs = sh[1] | (gathered ? __ldcg(err + b) | (sh[4] ? SS_ERR_NO_MASS : 0) : 0);
 
     RaceBest res = {-1.f, 0x7fffffff}, pb = {-1.f, 0x7fffffff};
+    float rsum = 0.f;   // SIGMOID_PAPER at a rejection: this slice's part of the residual's sum
     if (!errs && !rq.greedy) {
       const S* zrow = target_row(b, n);
       // One-hot drafts: no draft row; the residual max(0, p - onehot(x_n)) is p with x_n removed.
@@ -499,8 +457,7 @@ struct Verifier {
         sp = rows[n];
         if (read_q) sq = rows[G + 1 + n];
       } else if (needs_rows) {
-        sp = rows[n];                                // SIGMOID: the bonus row's maximum
-        if (!bonus) sq.s = 1e-6f + rows[G + 1 + n].s;  // SIGMOID_PAPER: the residual's normaliser
+        sp = rows[n];   // SIGMOID: the bonus row's maximum
       }
       const float inv_sp = 1.f / sp.s, inv_sq = 1.f / sq.s;
       const float c = rq.inv_t * SS_LOG2E;
@@ -525,24 +482,35 @@ struct Verifier {
         race_variates<VEC>(stream(b, n, race_purpose), base, e);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          float wp, wq;
-          if constexpr (MODE == SS_MODE_SIGMOID) {
-            wp = bonus ? ex2_approx(fmaf(z[k], c, -mcp)) : sigma(z[k] * rq.inv_t);
-            wq = bonus ? 0.f : sigma(y[k] * rq.inv_t);
-          } else if constexpr (MODE == SS_MODE_SIGMOID_PAPER) {
-            wp = bonus ? fmaxf(z[k] * rq.inv_t, 1e-5f)
-                       : fmaxf(fmaxf(sigma(z[k] * rq.inv_t) - sigma(y[k] * rq.inv_t), 0.f) * inv_sq, 1e-5f);
-            wq = 0.f;
-          } else {
-            wp = weight(z[k], rq.inv_t, c, mcp, inv_sp);
-            wq = read_q ? weight(y[k], rq.inv_t, c, mcq, inv_sq) : (base + k == xn ? 1.f : 0.f);
-            if constexpr (MODE == SS_MODE_WARPED) {
-              if (maxp - z[k] > dmaxp) wp = 0.f;
-              if (read_q && maxq - y[k] > dmaxq) wq = 0.f;
+          float kr, kp;   // race keys: the residual's (or the bonus row's), and p's (the fallback)
+          if constexpr (MODE == SS_MODE_SIGMOID_PAPER) {
+            // Bonus: weight max(1e-5, z). Rejection: r = max(0, sigma'p - sigma'q), summed for the
+            // normaliser; the keys r / E (res) and 1 / E (pb: the 1e-5 floor's) are weighed against
+            // each other in finish(), once the whole row's sum is known.
+            if (bonus) {
+              kr = kp = __fdividef(fmaxf(z[k] * rq.inv_t, 1e-5f), e[k]);
+            } else {
+              const float r = fmaxf(sigma(z[k] * rq.inv_t) - sigma(y[k] * rq.inv_t), 0.f);
+              rsum += r;
+              kr = r > 0.f ? __fdividef(r, e[k]) : -1.f;
+              kp = __fdividef(1.f, e[k]);
             }
+          } else {
+            float wp, wq;
+            if constexpr (MODE == SS_MODE_SIGMOID) {
+              wp = bonus ? ex2_approx(fmaf(z[k], c, -mcp)) : sigma(z[k] * rq.inv_t);
+              wq = bonus ? 0.f : sigma(y[k] * rq.inv_t);
+            } else {
+              wp = weight(z[k], rq.inv_t, c, mcp, inv_sp);
+              wq = read_q ? weight(y[k], rq.inv_t, c, mcq, inv_sq) : (base + k == xn ? 1.f : 0.f);
+              if constexpr (MODE == SS_MODE_WARPED) {
+                if (maxp - z[k] > dmaxp) wp = 0.f;
+                if (read_q && maxq - y[k] > dmaxq) wq = 0.f;
+              }
+            }
+            kr = wp - wq > 0.f ? __fdividef(wp - wq, e[k]) : -1.f;
+            kp = wp > 0.f ? __fdividef(wp, e[k]) : -1.f;
           }
-          const float kr = wp - wq > 0.f ? __fdividef(wp - wq, e[k]) : -1.f;
-          const float kp = wp > 0.f ? __fdividef(wp, e[k]) : -1.f;
           if (kr > res.key) { res.key = kr; res.idx = base + k; }
           if (kp > pb.key) { pb.key = kp; pb.idx = base + k; }
         }
@@ -550,29 +518,43 @@ struct Verifier {
     }
     res = block_reduce(res, BetterRace(), red);
     pb = block_reduce(pb, BetterRace(), red);
+    if constexpr (MODE == SS_MODE_SIGMOID_PAPER) rsum = block_reduce(rsum, AddFloat(), reinterpret_cast<float*>(red));
     if (threadIdx.x == 0) {
-      int* c = cand + ((long long)b * S2 + s) * 4;
+      int* c = cand + ((long long)b * S2 + s) * SS_CAND;
       c[0] = __float_as_int(res.key); c[1] = res.idx;
       c[2] = __float_as_int(pb.key); c[3] = pb.idx;
+      c[4] = __float_as_int(rsum);
       sh[2] = publish_add(fin_ctr + b, 1) == S2 - 1;
     }
     __syncthreads();
     if (!sh[2]) return;
-    finish(b, rq, n, red, sh);
+    finish(b, rq, n, gathered, red, sh);
   }
 
   // Last P2 block of request b: reduce the slices' winners and write the outputs.
-  __device__ __forceinline__ void finish(int b, const Request& rq, int n, RaceBest* red, int* sh) const {
+  // gathered: this block has already waited for the request's rows (and combined them).
+  __device__ __forceinline__ void finish(int b, const Request& rq, int n, bool gathered, RaceBest* red, int* sh) const {
     // Sigmoid: the request's row checks (its P1 items, smaller tickets) decide its errors.
-    if constexpr (is_sigmoid(MODE)) gather_rows(b, rq, sh);
+    if constexpr (is_sigmoid(MODE)) {
+      if (!gathered) gather_rows(b, rq, sh);
+    }
     RaceBest res = {-1.f, 0x7fffffff}, pb = {-1.f, 0x7fffffff};
+    float rsum = 0.f;
     for (int k = threadIdx.x; k < S2; k += SS_THREADS) {
-      const int* c = cand + ((long long)b * S2 + k) * 4;
+      const int* c = cand + ((long long)b * S2 + k) * SS_CAND;
       res = better(res, RaceBest{__int_as_float(__ldcg(c)), __ldcg(c + 1)});
       pb = better(pb, RaceBest{__int_as_float(__ldcg(c + 2)), __ldcg(c + 3)});
+      rsum += __int_as_float(__ldcg(c + 4));
     }
     res = block_reduce(res, BetterRace(), red);
     pb = block_reduce(pb, BetterRace(), red);
+    // SIGMOID_PAPER at a rejection: weights max(1e-5, r / (1e-6 + sum r)), so the winner is the
+    // residual's (largest r / E, scaled by the normaliser) or the floor's (largest 1e-5 / E),
+    // whichever key is larger: the maximum of a maximum is the larger of the two maxima.
+    if constexpr (MODE == SS_MODE_SIGMOID_PAPER) {
+      rsum = block_reduce(rsum, AddFloat(), reinterpret_cast<float*>(red));
+      if (n < rq.L && res.key * (1.f / (1e-6f + rsum)) < 1e-5f * pb.key) res = pb;
+    }
     if (threadIdx.x == 0) {
       int errs = sh[1] | __ldcg(err + b) | (sh[4] ? SS_ERR_NO_MASS : 0);
       int token = -1;

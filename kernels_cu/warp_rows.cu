@@ -78,12 +78,6 @@ struct MinMaxBins {
     return HitLast{a.hit < b.hit ? a.hit : b.hit, a.last > b.last ? a.last : b.last};
   }
 };
-struct MaxFloat {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-struct AddFloat {
-  __device__ float operator()(float a, float b) const { return a + b; }
-};
 
 // The cluster's work on one row once every block holds its slice (see the header).
 // The kernel's shared memory, at file scope so that RowSelect addresses it directly (32-bit shared

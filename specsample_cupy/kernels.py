@@ -28,6 +28,7 @@ MODE_WARPED = 4     # logits truncated by top-k / top-p / min-p (row statistics 
 WARP_CLUSTER = 8    # warp_rows.cu's WR_CLUSTER: blocks per row, each holding a slice in shared memory
 WARP_THREADS = 256  # warp_rows.cu's WR_THREADS
 WARP_RECORD = 6     # warp_record.cuh's SS_RECORD: floats per row record
+CAND_INTS = 5       # verify.cu's SS_CAND: ints per P2 slice's race candidates
 THREADS = 256
 _DTYPE_TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _TOKEN_TYPE = {"int32": "int", "int64": "long long"}
@@ -159,7 +160,7 @@ class _Plan:
         if items + grid >= 2 ** 31:
             raise ValueError(f"verify: {items} work items and {grid} blocks exceed the kernel's 31-bit ticket counter")
         counters, part = 3 * B + 1, B * R * S1 * 3   # [req B | fin B | err B | ticket], partials
-        self.workspace = cupy.zeros(counters + part + B * S2 * 4, dtype=cupy.int32)
+        self.workspace = cupy.zeros(counters + part + B * S2 * CAND_INTS, dtype=cupy.int32)
         self.err_ptr = self.workspace.data.ptr + 4 * 2 * B      # the per-request error bits
         self.record = cupy.empty(B * R * WARP_RECORD, cupy.float32) if mode == MODE_WARPED else None
         self.grid, self.capacity = grid, capacity
