@@ -6,6 +6,8 @@ random numbers, the same acceptance rule, the same exponential race and the same
 so kernel and reference agree except on float near-ties. Shapes: draft_tokens [B, G] int,
 draft [B, G, V], target [B, G+1, V], lengths [B] int, temps [B] float.
 """
+import threading
+
 import numpy as np
 
 from specsample_cupy import errors
@@ -135,7 +137,7 @@ def row_weights(x, temps, *, mode, sigmoid_offset, sigmoid_scale):
     raise ValueError(f"unknown mode {mode!r}")
 
 
-def _softmax_terms(x, temps):
+def _softmax_terms(x, temps, out=None):
     """(w, sums) per row with w = exp(z - max z), z = float64(x) * (1 / temps), the max taken as 0
     where it is not finite: softmax (row_weights' mode 'logits') is w / sums. In fewer passes over
     the row than the plain form, bit for bit: the conversion to float64 happens inside the first
@@ -145,22 +147,55 @@ def _softmax_terms(x, temps):
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         if x.dtype == np.float32 and (scale == 1.0).all():
             top = x.max(-1, keepdims=True).astype(np.float64)
-            w = np.subtract(x, np.where(np.isfinite(top), top, 0.0), dtype=np.float64)
+            w = np.subtract(x, np.where(np.isfinite(top), top, 0.0), dtype=np.float64, out=out)
         else:
-            w = np.multiply(x, scale, dtype=np.float64)
+            w = np.multiply(x, scale, dtype=np.float64, out=out)
             top = w.max(-1, keepdims=True)
             w -= np.where(np.isfinite(top), top, 0.0)
         np.exp(w, out=w)
     return w, w.sum(-1, keepdims=True)
 
 
-def _row_terms(x, temps, kw):
+def _row_terms(x, temps, kw, out=None):
     """(terms, divisors) per row with row_weights(x, temps, **kw) == terms / divisors bit for bit.
     Softmax divides last by its row sums, which verification needs for the rows it samples from but
-    not for the rows it reads one weight of; the other modes come whole (divisor 1, exact)."""
+    not for the rows it reads one weight of; the other modes come whole (divisor 1, exact).
+    out: float64 of x's shape for softmax's terms (else a new array)."""
     if kw["mode"] == "logits":
-        return _softmax_terms(x, temps)
+        return _softmax_terms(x, temps, out)
     return row_weights(x, temps, **kw), np.ones(x.shape[:-1] + (1,))
+
+
+class _RowPool:
+    """float64 rows [V] that one thread's verify() calls reuse (at most LIMIT bytes kept). A fresh
+    array of a few hundred kB comes from the OS a page at a time, a fault each, and that cost more
+    than the arithmetic: a 51865-entry softmax row took 330 us fresh among a call's kept rows and
+    108 us in reused memory."""
+    LIMIT = 64 << 20
+    _local = threading.local()
+
+    def __init__(self):
+        self.free, self.kept = {}, 0              # V -> [rows], bytes held
+
+    @classmethod
+    def mine(cls) -> "_RowPool":
+        pool = getattr(cls._local, "pool", None)
+        if pool is None:
+            pool = cls._local.pool = cls()
+        return pool
+
+    def take(self, V: int) -> np.ndarray:
+        rows = self.free.get(V)
+        if rows:
+            self.kept -= rows[-1].nbytes
+            return rows.pop()
+        return np.empty(V)
+
+    def give(self, rows) -> None:
+        for row in rows:
+            if self.kept + row.nbytes <= self.LIMIT:
+                self.free.setdefault(row.size, []).append(row)
+                self.kept += row.nbytes
 
 
 # Entries of rows worth one array call: shorter rows are handled several at once (positions in
@@ -180,6 +215,12 @@ class _RowsOnDemand:
     def __init__(self, x, temps, kw):
         self.x, self.temps, self.kw = x, temps, kw
         self.done = {}                           # (b, r) -> [terms [V], divisor]
+        self.pooled = []                         # rows of _RowPool's, handed back by release()
+
+    def release(self) -> None:
+        """Hand the rows taken from the thread's _RowPool back (nothing may read them after)."""
+        _RowPool.mine().give(self.pooled)
+        self.pooled, self.done = [], {}
 
     def _rows(self, reqs, r):
         """The kept [terms, divisor] of rows (reqs[k], r[k]), computed where not kept yet."""
@@ -190,8 +231,15 @@ class _RowsOnDemand:
         size = max(1, ROW_BLOCK // self.x.shape[-1])
         for group in (todo[k:k + size] for k in range(0, len(todo), size)):
             b, r = np.array(group).T
-            x = self.x[b, r][:, None] if len(group) > 1 else self.x[b[0], r[0]][None, None]
-            terms, divisors = _row_terms(x, self.temps[b], self.kw)
+            out = None
+            if len(group) > 1:
+                x = self.x[b, r][:, None]
+            else:
+                x = self.x[b[0], r[0]][None, None]
+                if self.kw["mode"] == "logits":
+                    self.pooled.append(_RowPool.mine().take(x.shape[-1]))
+                    out = self.pooled[-1][None, None]
+            terms, divisors = _row_terms(x, self.temps[b], self.kw, out)
             self.done.update((key, [t, d]) for key, t, d in zip(group, terms[:, 0], divisors[:, 0, 0]))
         return [self.done[key] for key in keys]
 
@@ -358,6 +406,8 @@ def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed,
     if mode in SIGMOID_MODES:
         residual = _sigmoid_race_weights(mode, residual, p_n - q_n, target[b, n], temps, bonus=n >= L)
     token, massless = _race(residual, sampled, draws, n, race_purpose)
+    p.release()
+    q.release()
     token = np.where(greedy, target_argmax[b, n], token)
     # No positive weight left in row n (only float underflow gets here without another error).
     err = _or(np, err, sampled & massless, errors.NO_MASS)

@@ -439,6 +439,28 @@ def test_reference_matches_the_full_array_reference_at_vocabulary_size(B, V, dty
             np.testing.assert_array_equal(new, old)
 
 
+def test_rows_reused_across_calls_leave_no_trace():
+    """Long softmax rows live in memory the thread's calls reuse (reference._RowPool): a call's
+    results are its own (unchanged by later calls), each call equals the full-array reference, and
+    the pool keeps no more than its limit."""
+    rng = np.random.default_rng(3)
+    kw = dict(mode="logits", race_purpose=PURPOSE_RESIDUAL, sigmoid_offset=0.0, sigmoid_scale=1.0)
+    kept = []
+    for call, closeness in enumerate((0.3, 0.95, 0.3, 1.0)):
+        tokens, draft, target = random_problem(rng, 2, 5, 40000, closeness=closeness)
+        args = (tokens, draft, target, np.array([5, 3]), np.array([1.0, 0.8]))
+        new = reference.reference_verify(*args, seed=call, offset=0, **kw)
+        for a, b in zip(new, _reference_verify_before(*args, seed=call, offset=0, **kw)):
+            np.testing.assert_array_equal(a, b)
+        kept.append((new, [np.copy(a) for a in new]))
+    for new, copy in kept:
+        for a, b in zip(new, copy):
+            np.testing.assert_array_equal(a, b)
+    pool = reference._RowPool.mine()
+    assert 0 < pool.kept <= reference._RowPool.LIMIT
+    assert pool.kept == sum(r.nbytes for rows in pool.free.values() for r in rows)
+
+
 @pytest.mark.parametrize("mode", ["logits", "probs", *reference.SIGMOID_MODES])
 def test_row_weights_of_single_rows_are_those_of_the_whole_array(mode):
     """What computing rows on demand relies on: row_weights() is a function of each row alone,
