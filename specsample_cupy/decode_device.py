@@ -157,10 +157,7 @@ class _RoundBuffers:
         self._pinned_logprobs = pinned
         self.host_logprobs = np.frombuffer(pinned, np.float32, 2 * B * (G + 1)).reshape(2, B * (G + 1))
         self.report_events = [cupy.cuda.Event(disable_timing=False) for _ in range(EVENTS)]
-        tag = "f32" if target.logits_dtype.char == "f" else "f16"
-        vec = 16 // target.logits_dtype.itemsize
-        if self.V % vec:
-            vec = 1
+        tag, vec = kernels.vec_width(target.logits_dtype.name, self.V)   # run outputs: allocation-aligned
         step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel = _functions(tag, vec)
         self.target_steps = {}   # S -> the target's _Step
         self.step_launches = []

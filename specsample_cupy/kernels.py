@@ -206,7 +206,9 @@ def _ptr(a):
     return 0 if a is None else a.data.ptr
 
 
-def _vec_width(dtype_name, V, *arrays):
+def vec_width(dtype_name, V, *arrays):
+    """(kernel dtype tag, elements per 16-byte load) for rows of V entries of this dtype: scalar loads
+    where V or an array's address is not 16-byte aligned."""
     tag = _DTYPE_TAG[dtype_name]
     vec = 16 // _ITEMSIZE[tag]
     if V % vec or any(a.data.ptr % 16 for a in arrays if a is not None and a.size):
@@ -217,7 +219,7 @@ def _vec_width(dtype_name, V, *arrays):
 def _plan(draft_tokens, draft, target, dtype_name, mode, options):
     import cupy
     B, G1, V = target.shape
-    tag, vec = _vec_width(dtype_name, V, target, draft)
+    tag, vec = vec_width(dtype_name, V, target, draft)
     stream = cupy.cuda.get_current_stream()
     options = DEFAULT_PLAN if options is None else options
     key = (B, G1, V, tag, draft_tokens.dtype.char, vec, mode, cupy.cuda.runtime.getDevice(), stream.ptr, options)
@@ -280,7 +282,7 @@ class RowWarps:
     def __init__(self, dtype_name, B, V, device_id):
         import cupy
         self.B, self.V = B, V
-        tag, vec = _vec_width(dtype_name, V)   # run outputs are allocation-aligned: V decides
+        tag, vec = vec_width(dtype_name, V)   # run outputs are allocation-aligned: V decides
         self.itemsize = _ITEMSIZE[tag]
         self.record = cupy.empty(B * WARP_RECORD, cupy.float32)
         self._errors = cupy.zeros(B, cupy.int32)

@@ -44,9 +44,21 @@ def _validate(arg, v):
         raise ValueError(f"{arg} must be {rule}, got {got}")
 
 
+_OFF = {}   # (device, B) -> the GPU's all-off Warps: read only, made once
+
+
 def off_warps(xp, B):
-    """Warps that keep every entry (the GPU path uses them when only the rows' statistics are wanted)."""
-    return Warps(xp.zeros(B, np.int32), xp.ones(B, np.float32), xp.full(B, np.inf, np.float32))
+    """Warps that keep every entry (the GPU path uses them when only the rows' statistics are wanted).
+    On CuPy the arrays are made once per device and batch size (kernels only read them)."""
+    if xp is np:
+        return Warps(np.zeros(B, np.int32), np.ones(B, np.float32), np.full(B, np.inf, np.float32))
+    key = (xp.cuda.runtime.getDevice(), B)
+    warps = _OFF.get(key)
+    if warps is None:
+        warps = Warps(xp.zeros(B, np.int32), xp.ones(B, np.float32), xp.full(B, np.inf, np.float32))
+        xp.cuda.get_current_stream().synchronize()   # filled before any stream reads them
+        warps = _OFF.setdefault(key, warps)
+    return warps
 
 
 def make_warps(xp, B, V, temps, temp_scalar, top_k=None, top_p=None, min_p=None):
