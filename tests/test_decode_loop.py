@@ -72,7 +72,7 @@ def test_auto_gamma_remembers_and_may_run_target_only(pair):
     first = dec.generate(PROMPTS, **kwargs)
     assert not first.stats["auto_target_only"] and first.stats["rounds"] < 20
     memory = dec._auto_memory[("greedy", 1.0, len(PROMPTS))]
-    assert memory["state"]["measured"] and memory["calls"] == 1
+    assert memory["state"]["cost"][0] > 0 and memory["calls"] == 1   # the round times it fitted
     memory["target_only"] = True
     expected = dec.generate(PROMPTS, max_new_tokens=20, method="target", temperature=0).token_ids
     outs = [dec.generate(PROMPTS, **kwargs) for _ in range(REPROBE - 1)]
@@ -175,6 +175,42 @@ def test_auto_gamma_is_set_by_the_slowest_request():
     rnd.active[1] = False
     policy.observe(rnd)
     assert policy.gamma == gammas[np.argmax(expected_tokens(policy.alpha[0], gammas) / cost(gammas))]
+
+
+def test_auto_gamma_starts_each_call_from_the_prior_and_decides_on_pooled_acceptance():
+    """A call's acceptance estimate starts from the prior (a loaded state brings the costs only), and
+    the verdict on speculating at all uses every round of the call, not the forgotten estimate."""
+    cost = lambda g: 1.0 + 0.3 * np.asarray(g, float)   # noqa: E731
+    fresh = AutoGamma(4, 1, 12, cost=cost)
+    fresh.choose()
+    seen = AutoGamma(4, 1, 12, cost=cost)
+    for _ in range(30):
+        seen.observe(_round(seen.gamma, [seen.gamma]))   # every draft accepted: long rounds
+    assert seen.gamma == 12 and fresh.gamma < 12
+    line = LineCost()
+    seen.cost = line
+    line.observe(4, 1.0 + 0.3 * 4)
+    line.observe(8, 1.0 + 0.3 * 8)
+    later = AutoGamma(4, 1, 12, cost=LineCost())
+    later.load(seen.state())
+    later.choose()
+    assert later.gamma == fresh.gamma
+    np.testing.assert_allclose(later.cost(np.array([2, 10])), cost(np.array([2, 10])))
+    # Thirty rounds accepting everything, then fifteen rejecting at once: the forgotten estimate has
+    # fallen below what pays for a draft (at this cost), the call's pooled acceptance has not.
+    dear = lambda g: 1.0 + 0.9 * np.asarray(g, float)   # noqa: E731
+    policy = AutoGamma(4, 1, 12, cost=dear)
+    for _ in range(30):
+        policy.observe(_round(policy.gamma, [policy.gamma]))
+    for _ in range(15):
+        policy.observe(_round(policy.gamma, [0]))
+    assert policy.alpha[0] < 0.45
+    assert policy._rates(np.array([0]))[0] > policy._rates(np.arange(1, 13)).max()   # by the forgotten one
+    assert not policy.prefers_target_only()
+    nothing = AutoGamma(4, 1, 12, cost=dear)
+    for _ in range(10):
+        nothing.observe(_round(nothing.gamma, [0]))
+    assert nothing.prefers_target_only()
 
 
 def test_line_cost_fits_round_times():
