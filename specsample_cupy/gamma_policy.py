@@ -44,7 +44,7 @@ FORGET = 0.8           # weight of older acceptance observations per round read
 COST_FORGET = 0.95     # the same for the round times LineCost fits
 REPROBE = 8            # calls of a kind that prefers target-only: every REPROBE-th speculates again
 PRIOR_ALPHA = 0.6      # acceptance assumed before any round is read ...
-PRIOR_TRIALS = 4.0     # ... worth this many drafts
+PRIOR_TRIALS = 1.0     # ... worth this many drafts
 
 
 def expected_tokens(alpha: float, gamma: np.ndarray) -> np.ndarray:
