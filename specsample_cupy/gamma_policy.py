@@ -26,8 +26,8 @@ first rounds accept less than the end of the call before it (greedy decoding of 
 rejections, then drafts that agree for a hundred tokens), and a call that started where the last one
 ended opened with long rounds that its first tokens rejected. On equal-work replays of the embedded
 pair's greedy acceptance with the H200 costs of the three pairs (`benchmarks/auto_gamma_sim.py`),
-starting from the last estimate with forgetting 0.95 reached 0.93-1.00 of the best fixed gamma; from
-the prior with forgetting 0.8, 1.00-1.08.
+starting from the last estimate with forgetting 0.95 reached 0.92-1.00 of the best fixed gamma; from
+the prior (worth one draft) with forgetting 0.8, 0.99-1.07.
 
 What a call learns of the costs is kept for the next call of the same kind (state() / load(): the
 decoder keeps it per method, temperature and batch size), and so is its verdict on speculation: when
