@@ -176,8 +176,9 @@ struct Verifier {
 
   // ---- P1: checks and statistics of one vocabulary slice of one row --------------------------
   // Per element: a NaN-propagating max (so the NaN/+Inf check is one test per group of loads),
-  // and for sampling rows one FFMA + ex2 + add (exp(x / T - m) = 2^(x c - m c) with c = log2(e) / T); greedy rows track the first argmax and
-  // skip the exponentials. The running maximum is kept in raw logit units and scaled at the end.
+  // and for sampling rows one FFMA + ex2 + add (exp(x / T - m) = 2^(x c - m c) with
+  // c = log2(e) / T); greedy rows track the first argmax and skip the exponentials. The running
+  // maximum is kept in raw logit units and scaled at the end.
   // Probabilities: a range check and a sum of the valid entries (greedy rows: also the argmax).
   template <int KIND>
   __device__ __forceinline__ void scan_slice(const S* row, int lo, int hi, float inv_t, SoftmaxStat& st, bool& bad) const {

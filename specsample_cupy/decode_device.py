@@ -157,7 +157,8 @@ class _RoundBuffers:
         self._pinned_logprobs = pinned
         self.host_logprobs = np.frombuffer(pinned, np.float32, 2 * B * (G + 1)).reshape(2, B * (G + 1))
         self.report_events = [cupy.cuda.Event(disable_timing=False) for _ in range(EVENTS)]
-        tag, vec = kernels.vec_width(target.logits_dtype.name, self.V)   # run outputs: allocation-aligned
+        self._dtype_name = target.logits_dtype.name   # float32 or float16 (supported())
+        tag, vec = kernels.vec_width(self._dtype_name, self.V)   # run outputs: allocation-aligned
         step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel = _functions(tag, vec)
         self.target_steps = {}   # S -> the target's _Step
         self.step_launches = []
@@ -165,7 +166,6 @@ class _RoundBuffers:
         # and of target steps (the truncation, or none truncating when logprobs need the statistics),
         # whether logprobs are written; and the launcher of warp_rows over sampled rows (first use).
         self.truncation, self.warps, self.logprobs, self.row_warps = None, None, False, None
-        self._dtype_name = "float32" if tag == "f32" else "float16"
         self.ngram_feed_launch = None   # prompt-lookup rounds only
         if G == 0:
             self._build_target_only(target, target_kernel)

@@ -50,12 +50,13 @@ _OFF = {}   # (device, B) -> the GPU's all-off Warps: read only, made once
 def off_warps(xp, B):
     """Warps that keep every entry (the GPU path uses them when only the rows' statistics are wanted).
     On CuPy the arrays are made once per device and batch size (kernels only read them)."""
+    make = lambda: Warps(xp.zeros(B, np.int32), xp.ones(B, np.float32), xp.full(B, np.inf, np.float32))  # noqa: E731
     if xp is np:
-        return Warps(np.zeros(B, np.int32), np.ones(B, np.float32), np.full(B, np.inf, np.float32))
+        return make()
     key = (xp.cuda.runtime.getDevice(), B)
     warps = _OFF.get(key)
     if warps is None:
-        warps = Warps(xp.zeros(B, np.int32), xp.ones(B, np.float32), xp.full(B, np.inf, np.float32))
+        warps = make()
         xp.cuda.get_current_stream().synchronize()   # filled before any stream reads them
         warps = _OFF.setdefault(key, warps)
     return warps
