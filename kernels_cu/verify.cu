@@ -519,12 +519,14 @@ struct Verifier {
     }
     res = block_reduce(res, BetterRace(), red);
     pb = block_reduce(pb, BetterRace(), red);
-    if constexpr (MODE == SS_MODE_SIGMOID_PAPER) rsum = block_reduce(rsum, AddFloat(), reinterpret_cast<float*>(red));
+    // The residual's sum is wanted at a rejection only (bonus and n are the same for the whole block).
+    const bool paper_rejects = MODE == SS_MODE_SIGMOID_PAPER && !bonus;
+    if (paper_rejects) rsum = block_reduce(rsum, AddFloat(), reinterpret_cast<float*>(red));
     if (threadIdx.x == 0) {
       int* c = cand + ((long long)b * S2 + s) * SS_CAND;
       c[0] = __float_as_int(res.key); c[1] = res.idx;
       c[2] = __float_as_int(pb.key); c[3] = pb.idx;
-      c[4] = __float_as_int(rsum);
+      if (paper_rejects) c[4] = __float_as_int(rsum);
       sh[2] = publish_add(fin_ctr + b, 1) == S2 - 1;
     }
     __syncthreads();
@@ -541,20 +543,21 @@ struct Verifier {
     }
     RaceBest res = {-1.f, 0x7fffffff}, pb = {-1.f, 0x7fffffff};
     float rsum = 0.f;
+    const bool paper_rejects = MODE == SS_MODE_SIGMOID_PAPER && n < rq.L;
     for (int k = threadIdx.x; k < S2; k += SS_THREADS) {
       const int* c = cand + ((long long)b * S2 + k) * SS_CAND;
       res = better(res, RaceBest{__int_as_float(__ldcg(c)), __ldcg(c + 1)});
       pb = better(pb, RaceBest{__int_as_float(__ldcg(c + 2)), __ldcg(c + 3)});
-      rsum += __int_as_float(__ldcg(c + 4));
+      if (paper_rejects) rsum += __int_as_float(__ldcg(c + 4));
     }
     res = block_reduce(res, BetterRace(), red);
     pb = block_reduce(pb, BetterRace(), red);
     // SIGMOID_PAPER at a rejection: weights max(1e-5, r / (1e-6 + sum r)), so the winner is the
     // residual's (largest r / E, scaled by the normaliser) or the floor's (largest 1e-5 / E),
     // whichever key is larger: the maximum of a maximum is the larger of the two maxima.
-    if constexpr (MODE == SS_MODE_SIGMOID_PAPER) {
+    if (paper_rejects) {
       rsum = block_reduce(rsum, AddFloat(), reinterpret_cast<float*>(red));
-      if (n < rq.L && res.key * (1.f / (1e-6f + rsum)) < 1e-5f * pb.key) res = pb;
+      if (res.key * (1.f / (1e-6f + rsum)) < 1e-5f * pb.key) res = pb;
     }
     if (threadIdx.x == 0) {
       int errs = sh[1] | __ldcg(err + b) | (sh[4] ? SS_ERR_NO_MASS : 0);
