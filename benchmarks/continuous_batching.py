@@ -3,7 +3,7 @@ and tokens/s, median of RUNS runs each (alternating, so a change in the machine'
 alike); prints a table and writes JSON.
 
     python3 benchmarks/continuous_batching.py [--requests 64] [--batch-size 8] [--runs 3] [--cpu-threads N]
-                                              [--json F]
+                                              [--pair embedded|cost-1.5b|cost-7b] [--json F]
 
 Workload: REQUESTS prompts (code openings, numbered), each with max_new_tokens drawn uniformly from
 16 to what the context leaves after its prompt, its own seed, sampled at --temperature; EOS ignored,
@@ -12,8 +12,12 @@ so every request generates exactly its max_new_tokens and both ways do equal wor
               slowest request finishes (one generate_stream() call per batch: rows are never refilled).
   continuous  one generate_stream() call over all requests with --batch-size rows, a finished
               request's row taking the next one at once.
+  continuous-host (--device cuda only) the same through the host loop (device_rounds=False), whose
+              every round ends in a read: what continuous batching on CUDA was before it ran the
+              device loop.
 Both give every request the same tokens (its own random numbers): the script checks it. The embedded
-model pair, on --device (default cpu). Besides the medians, the ratio of each static run to the
+model pair, or a cost-realistic one built from it (--pair, models/build_cost_pair.py: the same
+tokens, real models' per-run cost; on CUDA), on --device (default cpu). Besides the medians, the ratio of each static run to the
 continuous run right after it (their median is steadier on a machine whose load changes), this
 process's CPU seconds, the loop's rounds (the work, whatever the machine's load: a round costs about
 the same either way) with the share of rows busy in them, and the load average around every run.
@@ -47,17 +51,18 @@ def workload(dec, n: int, temperature: float, seed: int) -> list[StreamRequest]:
 def decode(dec, requests, batch_size: int, way: str, gamma: int) -> tuple[float, float, dict, dict]:
     """(wall seconds, this process's CPU seconds, {request index: token ids}, counts: the loop's
     rounds and the request-rounds in them) of one run."""
-    groups = [requests] if way == "continuous" else [requests[k:k + batch_size]
+    groups = [requests] if way.startswith("continuous") else [requests[k:k + batch_size]
                                                      for k in range(0, len(requests), batch_size)]
-    tokens, counts = {}, {"rounds": 0, "request_rounds": 0}
+    tokens, counts = {}, {"rounds": 0, "request_rounds": 0, "refills": 0}
     started, cpu_started = time.perf_counter(), time.process_time()
     for k, group in enumerate(groups):
-        first = 0 if way == "continuous" else k * batch_size
+        first = 0 if way.startswith("continuous") else k * batch_size
         stream = dec.generate_stream(group, batch_size, gamma=gamma, ignore_eos=True)
         for out in stream:
             tokens[first + out.index] = out.token_ids
         for key in counts:
             counts[key] += stream.stats[key]
+        counts["loop"] = stream.stats["loop"]
     return time.perf_counter() - started, time.process_time() - cpu_started, tokens, counts
 
 
@@ -71,16 +76,30 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--cpu-threads", type=int, default=None, help="threads per model run (default: every core)")
+    ap.add_argument("--pair", default="embedded")
+    ap.add_argument("--pairs-dir", default=None, help="where cost-realistic pairs are built and cached")
     ap.add_argument("--json")
     args = ap.parse_args()
-    dec = SpeculativeDecoder(device=args.device, cpu_threads=args.cpu_threads)
+    models = (None, None)
+    if args.pair != "embedded":
+        from pathlib import Path
+
+        from models.build_cost_pair import build_pair, default_root
+        models = build_pair(args.pair, Path(args.pairs_dir) if args.pairs_dir else default_root(),
+                            check="cuda" if args.device == "cuda" else "cpu")
+    dec = SpeculativeDecoder(*models, device=args.device, cpu_threads=args.cpu_threads)
+    decoders = {"static": dec, "continuous": dec}
+    if args.device == "cuda":
+        decoders["continuous-host"] = SpeculativeDecoder(*models, device="cuda", device_rounds=False)
     requests = workload(dec, args.requests, args.temperature, args.seed)
-    decode(dec, requests[:args.batch_size], args.batch_size, "continuous", args.gamma)   # warm-up
-    walls, cpus, outputs, counts, load = {"static": [], "continuous": []}, {"static": [], "continuous": []}, {}, {}, []
+    for way, d in decoders.items():   # warm-up
+        decode(d, requests[:args.batch_size], args.batch_size, way, args.gamma)
+    walls, cpus = {way: [] for way in decoders}, {way: [] for way in decoders}
+    outputs, counts, load = {}, {}, []
     for _ in range(args.runs):
         for way in walls:
             load.append(os.getloadavg()[0])
-            wall, cpu, tokens, counts[way] = decode(dec, requests, args.batch_size, way, args.gamma)
+            wall, cpu, tokens, counts[way] = decode(decoders[way], requests, args.batch_size, way, args.gamma)
             walls[way].append(wall)
             cpus[way].append(cpu)
             outputs.setdefault(way, tokens)
@@ -88,14 +107,14 @@ def main():
     total = sum(len(ids) for ids in outputs["static"].values())
     assert total == sum(r.max_new_tokens for r in requests)
     result = {
-        "device": args.device, "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+        "device": args.device, "pair": args.pair, "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
         "requests": args.requests, "batch_size": args.batch_size, "gamma": args.gamma,
         "temperature": args.temperature, "seed": args.seed, "runs": args.runs, "cpu_threads": args.cpu_threads,
         "max_new_tokens": {"min": min(r.max_new_tokens for r in requests),
                            "mean": statistics.mean(r.max_new_tokens for r in requests),
                            "max": max(r.max_new_tokens for r in requests)},
         "total_tokens": total, "wall_s": walls, "cpu_s": cpus, "load_average_1min": load,
-        "outputs_equal": outputs["static"] == outputs["continuous"],
+        "outputs_equal": all(out == outputs["static"] for out in outputs.values()),
     }
     for way, w in walls.items():
         wall = statistics.median(w)
@@ -107,14 +126,17 @@ def main():
     result["speedup_median_of_pairs"] = statistics.median(result["speedup_per_run_pair"])
     result["cpu_s_ratio"] = result["static"]["median_cpu_s"] / result["continuous"]["median_cpu_s"]
     result["rounds_ratio"] = result["static"]["rounds"] / result["continuous"]["rounds"]
+    if "continuous-host" in walls:
+        result["device_loop_speedup_over_host_loop"] = (result["continuous"]["requests_per_s"]
+                                                        / result["continuous-host"]["requests_per_s"])
     print(f"{args.requests} requests, max_new_tokens {result['max_new_tokens']['min']}..."
           f"{result['max_new_tokens']['max']} (mean {result['max_new_tokens']['mean']:.0f}), {total} tokens, "
-          f"batch size {args.batch_size}, gamma {args.gamma}, T {args.temperature}, {args.device}")
-    print("| batching | requests/s | tokens/s | wall s (median) | runs | CPU s (median) | rounds | rows busy |\n"
-          "|---|---|---|---|---|---|---|---|")
+          f"batch size {args.batch_size}, gamma {args.gamma}, T {args.temperature}, {args.pair} pair, {args.device}")
+    print("| batching | loop | requests/s | tokens/s | wall s (median) | runs | CPU s (median) | rounds | rows busy |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     for way in walls:
         r = result[way]
-        print(f"| {way} | {r['requests_per_s']:.2f} | {r['tokens_per_s']:.0f} | {r['median_wall_s']:.1f} | "
+        print(f"| {way} | {r['loop']} | {r['requests_per_s']:.2f} | {r['tokens_per_s']:.0f} | {r['median_wall_s']:.1f} | "
               f"{', '.join(f'{w:.1f}' for w in walls[way])} | {r['median_cpu_s']:.1f} | {r['rounds']} | "
               f"{r['occupancy']:.0%} |")
     print(f"continuous / static: {result['speedup_requests_per_s']:.2f}x requests/s (medians), "
@@ -122,6 +144,9 @@ def main():
           f"{result['outputs_equal']}; CPU seconds static / continuous {result['cpu_s_ratio']:.2f}, rounds "
           f"{result['rounds_ratio']:.2f}; "
           f"load average {min(load):.1f}..{max(load):.1f}")
+    if "device_loop_speedup_over_host_loop" in result:
+        print(f"continuous batching, device loop / host loop: {result['device_loop_speedup_over_host_loop']:.2f}x "
+              "requests/s (medians)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

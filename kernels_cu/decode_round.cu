@@ -36,6 +36,27 @@ __device__ __forceinline__ void commit_columns(const Commit& c, int block, int b
 __device__ __forceinline__ long long clamp_id(int t, int vocab) { return t < 0 ? 0 : (t < vocab ? t : vocab - 1); }
 __device__ __forceinline__ long long clamp_pos(long long p, long long limit) { return p < 0 ? 0 : (p < limit ? p : limit); }
 
+// A row's sampling settings: the launch's temperature and Philox stream (seed, offset, request word
+// b), or with per-request arrays (continuous batching: requests join rows between rounds) the row's
+// own: temps[b], and streams[b] = (seed, offset base) with request word 0, the numbers a one-request
+// call with that seed draws at offset base + offset (mod 2^32, as the host's offsets).
+struct RowDraw {
+  float temperature;
+  unsigned long long seed;
+  unsigned offset, request;
+};
+
+__device__ __forceinline__ RowDraw row_draw(int b, float temperature, unsigned long long seed, unsigned offset,
+                                            const float* __restrict__ temps, const long long* __restrict__ streams) {
+  RowDraw d = {temps ? temps[b] : temperature, seed, offset, (unsigned)b};
+  if (streams) {
+    d.seed = (unsigned long long)streams[2 * b];
+    d.offset = (unsigned)(streams[2 * b + 1] + (long long)offset);
+    d.request = 0;
+  }
+  return d;
+}
+
 // Inclusive prefix sum of one int per thread over the block; *total gets the block's sum.
 __device__ __forceinline__ int block_scan(int v, int* total) {
   __shared__ int warp_sums[SS_WARPS];
@@ -115,7 +136,8 @@ __device__ __forceinline__ void write_target_feed(int b, int B, int G, int skip,
 template <class T, int VEC>
 __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
     const typename T::storage* __restrict__ logits, int S_run, int V, float temperature,
-    unsigned long long seed, unsigned offset, typename T::storage* __restrict__ draft_logits,
+    unsigned long long seed, unsigned offset, const float* __restrict__ temps, const long long* __restrict__ streams,
+    typename T::storage* __restrict__ draft_logits,
     int* __restrict__ draft_tokens, int step, int G, const long long* __restrict__ run_feed,
     long long* __restrict__ mask_d, int C, int L_run, long long* __restrict__ next_feed, int next_is_target,
     const long long* __restrict__ mask_t, const long long* __restrict__ seq, int seq_pitch,
@@ -128,8 +150,10 @@ __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
   }
   if ((int)blockIdx.x < B) {
     const int b = blockIdx.x;
-    const int token = sample_row<T, VEC>(logits + ((long long)b * S_run + S_run - 1) * V, V, temperature, seed,
-                                         offset, SS_PURPOSE_SAMPLE, b, draft_logits + ((long long)b * G + step) * V,
+    const RowDraw d = row_draw(b, temperature, seed, offset, temps, streams);
+    const int token = sample_row<T, VEC>(logits + ((long long)b * S_run + S_run - 1) * V, V, d.temperature, d.seed,
+                                         d.offset, SS_PURPOSE_SAMPLE, d.request,
+                                         draft_logits + ((long long)b * G + step) * V,
                                          warp_record ? warp_record + (long long)b * SS_RECORD : nullptr);
     if (threadIdx.x == 0) {
       draft_tokens[b * G + step] = token;
@@ -267,7 +291,7 @@ __global__ void __launch_bounds__(SS_THREADS, 1) round_done(
 template <class T, int VEC>
 __global__ void __launch_bounds__(SS_THREADS) target_step_done(
     const typename T::storage* __restrict__ logits, int V, float temperature, unsigned long long seed,
-    unsigned offset, long long* __restrict__ feed, long long* __restrict__ mask_t, int C, int L_run,
+    unsigned offset, const float* __restrict__ temps, const long long* __restrict__ streams, long long* __restrict__ feed, long long* __restrict__ mask_t, int C, int L_run,
     long long* __restrict__ seq, int seq_pitch, long long* __restrict__ seq_len, const long long* __restrict__ limit,
     long long* __restrict__ finished, const long long* __restrict__ eos, int n_eos, long long pad_id,
     long long pos_limit, int* __restrict__ report, const float* __restrict__ warp_record, float* __restrict__ lp_out,
@@ -278,8 +302,9 @@ __global__ void __launch_bounds__(SS_THREADS) target_step_done(
   }
   const int b = blockIdx.x;
   const bool was_done = finished[b] != 0;  // the same in every thread: the branch is uniform
-  const int token = was_done ? -1 : sample_row<T, VEC>(logits + (long long)b * V, V, temperature, seed, offset,
-                                                       SS_PURPOSE_SAMPLE, b, nullptr,
+  const RowDraw d = row_draw(b, temperature, seed, offset, temps, streams);
+  const int token = was_done ? -1 : sample_row<T, VEC>(logits + (long long)b * V, V, d.temperature, d.seed, d.offset,
+                                                       SS_PURPOSE_SAMPLE, d.request, nullptr,
                                                        warp_record ? warp_record + (long long)b * SS_RECORD : nullptr);
   if (threadIdx.x != 0) return;
   const long long L0 = seq_len[b];
@@ -307,7 +332,7 @@ __global__ void __launch_bounds__(SS_THREADS) target_step_done(
   report[5 * B + b] = done;
   if (lp_out) {
     const float* rec = warp_record + (long long)b * SS_RECORD;
-    const float inv_t = temperature == 0.f ? 1.f : 1.f / temperature;
+    const float inv_t = d.temperature == 0.f ? 1.f : 1.f / d.temperature;
     lp_out[b] = taken ? (decode<T>(logits[(long long)b * V + token]) - rec[SS_REC_MAX]) * inv_t - logf(rec[SS_REC_S])
                       : -__int_as_float(0x7f800000);
   }
@@ -348,7 +373,8 @@ __global__ void __launch_bounds__(SS_THREADS) compact_plan(long long* __restrict
 // The instantiations decode_device.py launches (named here too so that an offline nvcc compiles them).
 #define SS_DRAFT_STEP_DONE(T, VEC)                                                                              \
   template __global__ void draft_step_done<T, VEC>(                                                             \
-      const T::storage*, int, int, float, unsigned long long, unsigned, T::storage*, int*, int, int,            \
+      const T::storage*, int, int, float, unsigned long long, unsigned, const float*, const long long*,         \
+      T::storage*, int*, int, int,                                                                              \
       const long long*, long long*, int, int, long long*, int, const long long*, const long long*, int,         \
       const long long*, const long long*, const int*, long long, const float*, int, Commit);
 SS_DRAFT_STEP_DONE(f32, 4)
@@ -358,7 +384,8 @@ SS_DRAFT_STEP_DONE(f16, 1)
 
 #define SS_TARGET_STEP_DONE(T, VEC)                                                                             \
   template __global__ void target_step_done<T, VEC>(                                                            \
-      const T::storage*, int, float, unsigned long long, unsigned, long long*, long long*, int, int, long long*, \
+      const T::storage*, int, float, unsigned long long, unsigned, const float*, const long long*, long long*,  \
+      long long*, int, int, long long*,                                                                         \
       int, long long*, const long long*, long long*, const long long*, int, long long, long long, int*, const float*, \
       float*, int, Commit);
 SS_TARGET_STEP_DONE(f32, 4)

@@ -13,8 +13,10 @@ seed and counted from its own first round (decode_host.RequestStreams, verify()'
 by its row or by the requests around it, so it gets the tokens generate([prompt], seed=seed, ...)
 gives it alone, greedy or sampled (up to float near-ties of the batched model runs).
 
-The rounds are the host loop's (decode_host.HostRounds), on the CPU and on CUDA; gamma is fixed
-(0, or method "target": target-only steps).
+On CUDA the rounds are the device loop's where generate() would run it (decode_device.DeviceRounds:
+a newcomer's state and prefill are enqueued behind the rounds in flight, DeviceRounds.refill()),
+else the host loop's (decode_host.HostRounds), as on the CPU; gamma is fixed (0, or method "target":
+target-only steps).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
+from specsample_cupy.decode_device import DeviceRounds
 from specsample_cupy.decode_host import HostRounds, RequestStreams
 from specsample_cupy.decode_stats import Clock, RequestTally
 from specsample_cupy.detokenize import TextAssembler
@@ -152,7 +155,7 @@ class _Run:
         self.greedy = method == "greedy"
         self.eos = () if ignore_eos else dec.target_spec.eos_token_ids
         self.queue = deque(range(len(requests)))
-        self.counts = {"rows": 0, "rounds": 0, "request_rounds": 0, "refills": 0}
+        self.counts = {"rows": 0, "rounds": 0, "request_rounds": 0, "refills": 0, "loop": None}
 
     def results(self, batch_size: int):
         """FinishedRequests as requests finish; the decoder is busy until the generator ends."""
@@ -191,6 +194,9 @@ class _Run:
         self.req.requested[:] = [self.requests[i].max_new_tokens for i in first]
         self.rows, self.admitted = list(first), np.full(B, time.perf_counter())
         longest = max(len(p) + int(n) for p, n in zip(self.prompt_ids, self.budgets))
+        # Wide enough for every request now: refills never widen the sequences (the device loop's
+        # buffers are sized by their width).
+        self.req.widen(longest + self.gamma + 2)
         # In-place prefills append a newcomer's prompt to every row's columns.
         columns = longest + self.gamma + 2 + min(dec.prefill_chunk, max(map(len, self.prompt_ids)))
         with dec._on_stream():
@@ -198,10 +204,17 @@ class _Run:
             dec._prefill(list(zip(self.sessions, self.caches)), self.req)
         self.temps = np.array([self.requests[i].temperature for i in first], np.float32)
         self.streams = RequestStreams([self.requests[i].seed for i in first])
-        self.loop = HostRounds(dec, self.req, self.caches[0], self.caches[1] if len(self.caches) > 1 else None,
-                               policy=FixedGamma(self.gamma), method=self.method, temperature=self._temperature(),
-                               seed=0, clock=Clock(None, []), truncation=self.truncation, logprobs=self.logprobs,
-                               streams=self.streams)
+        caches = (self.caches[0], self.caches[1] if len(self.caches) > 1 else None)
+        on_device = dec._why_not_device_loop(self.gamma > 0, self.gamma) is None
+        self.counts["loop"] = "device" if on_device else "host"
+        if on_device:
+            self.loop = DeviceRounds(dec, self.req, *caches, policy=FixedGamma(self.gamma), method=self.method,
+                                     temperature=self._temperature(), seed=0, clock=Clock(None, []),
+                                     warps=self._device_warps(), logprobs=self.logprobs, streams=self.streams)
+        else:
+            self.loop = HostRounds(dec, self.req, *caches, policy=FixedGamma(self.gamma), method=self.method,
+                                   temperature=self._temperature(), seed=0, clock=Clock(None, []),
+                                   truncation=self.truncation, logprobs=self.logprobs, streams=self.streams)
         self.assembler = TextAssembler(dec.tokenizer, B, incremental=True)
         self.stopper = StopStrings(self.stops, dec.tokenizer, B) if self.stops else None
         self.tally = RequestTally(B)
@@ -220,8 +233,17 @@ class _Run:
             yield from empty
 
     def _temperature(self):
-        """HostRounds' temperature: 0 for method greedy, else each row's, on the loop's device."""
-        return 0.0 if self.greedy else self.dec.xp.asarray(self.temps)
+        """The loop's temperature: 0 for method greedy, else each row's, on the loop's device (a new
+        array: the device loop updates its own in place)."""
+        return 0.0 if self.greedy else self.dec.xp.array(self.temps)
+
+    def _device_warps(self):
+        """The device loop's truncation at the rows' temperatures (min-p's span depends on them), or None."""
+        if not self.truncation:
+            return None
+        import cupy
+        from specsample_cupy.warps import build_warps
+        return build_warps(cupy, self.req.batch, self.dec.target.vocab_size, self._temperature(), **self.truncation)
 
     def _after_round(self, rnd) -> list[int]:
         """Hand the round's tokens on; the rows whose requests it finished (a rule or a stop string)."""
@@ -264,8 +286,12 @@ class _Run:
         self.tally.reset(rows)
         self.counts["refills"] += len(rows)
         self.streams.restart(rows, [self.requests[i].seed for i in picks], self.loop.round)
-        self.loop.temperature = self._temperature()
-        self._prefill_rows(rows, [self.prompt_ids[i] for i in picks])
+        if isinstance(self.loop, DeviceRounds):   # the rows' state and prefill enqueued behind the rounds
+            self.loop.refill(rows, temperatures=None if self.greedy else self.temps[rows],
+                             warps=self._device_warps())
+        else:
+            self.loop.temperature = self._temperature()
+            self._prefill_rows(rows, [self.prompt_ids[i] for i in picks])
         return empty
 
     def _prefill_rows(self, rows: list[int], prompts: list[list[int]]):

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import time
 
 import numpy as np
@@ -206,7 +207,8 @@ class _RoundBuffers:
         commit = self._commit(target, step)
         self.target_launch = _Launch(kernel, [
             ("logits", c.c_void_p(step.logits.data.ptr)), ("V", c.c_int32(self.V)), ("temperature", c.c_float()),
-            ("seed", c.c_uint64()), ("offset", c.c_uint32(0)), ("feed", c.c_void_p(step.feed.data.ptr)),
+            ("seed", c.c_uint64()), ("offset", c.c_uint32(0)), ("temps", c.c_void_p(0)), ("streams", c.c_void_p(0)),
+            ("feed", c.c_void_p(step.feed.data.ptr)),
             ("mask_t", c.c_void_p(dev["mask_t"].data.ptr)), ("C", c.c_int32(self.C)), ("L_run", c.c_int32(0)),
             ("seq", c.c_void_p(dev["seq"].data.ptr)), ("seq_pitch", c.c_int32(self.P)),
             ("seq_len", c.c_void_p(dev["seq_len"].data.ptr)), ("limit", c.c_void_p(dev["limit"].data.ptr)),
@@ -226,7 +228,8 @@ class _RoundBuffers:
             self.step_launches.append(_Launch(step_kernel, [
                 ("logits", c.c_void_p(step.logits.data.ptr)), ("S_run", c.c_int32(step.steps)), ("V", c.c_int32(V)),
                 ("temperature", c.c_float()), ("seed", c.c_uint64()),
-                ("offset", c.c_uint32(0)), ("draft_logits", c.c_void_p(self.draft_logits.data.ptr)),
+                ("offset", c.c_uint32(0)), ("temps", c.c_void_p(0)), ("streams", c.c_void_p(0)),
+                ("draft_logits", c.c_void_p(self.draft_logits.data.ptr)),
                 ("draft_tokens", c.c_void_p(self.draft_tokens.data.ptr)), ("step", c.c_int32(i)),
                 ("G", c.c_int32(G)), ("run_feed", c.c_void_p(step.feed.data.ptr)),
                 ("mask_d", c.c_void_p(dev["mask_d"].data.ptr)), ("C", c.c_int32(C)), ("L_run", c.c_int32(0)),
@@ -270,15 +273,22 @@ class _RoundBuffers:
             ("pos_limit", c.c_int64()), ("feed", c.c_void_p()), ("B", c.c_int32(self.B))])
 
     def start(self, req, caches, *, gamma, temperature, seed, pad_id, pos_limit, stream, warps=None,
-              logprobs=False):
+              logprobs=False, stream_base=None):
         """One generate()'s initial state up in one copy, the per-call launch fields, and the first
         round's feeds: for speculative rounds the draft lengths and first draft feed (round_done with
         nothing emitted), for target steps the S = 1 feed (built here). warps: None, or the call's
         truncation (a Warps of [B] CuPy arrays): every sampled row is then warped first (warp_rows).
         logprobs: the rounds also write their tokens' log-probabilities (host_logprobs); target steps
-        then need their rows' statistics, so they run warp_rows with or without truncation."""
+        then need their rows' statistics, so they run warp_rows with or without truncation.
+        temperature: a scalar, or [B] float32 on the device (each row's); stream_base: None, or [B, 2]
+        int64 on the device, each row's (seed, offset base) (decode_round.cu's row_draw). Both are
+        read by the kernels as they run: the caller keeps them alive and unchanged for the call."""
         import cupy
         host, B = self.host, self.B
+        per_row = isinstance(temperature, cupy.ndarray)
+        draws = dict(temperature=1.0 if per_row else temperature, seed=seed & (2 ** 64 - 1),
+                     temps=temperature.data.ptr if per_row else 0,
+                     streams=0 if stream_base is None else stream_base.data.ptr)
         self.logprobs, self.truncation = logprobs, warps
         if warps is None and logprobs:   # logprobs need the rows' statistics: warp_rows, nothing truncated
             with stream:
@@ -306,8 +316,7 @@ class _RoundBuffers:
         cupy.cuda.runtime.memcpyAsync(self.state.data.ptr, self.host_state.ctypes.data, self.host_state.nbytes,
                                       1, stream.ptr)
         if self.G == 0:
-            self.target_launch.set(temperature=temperature, seed=seed & (2 ** 64 - 1), pad_id=pad_id,
-                                   pos_limit=pos_limit, warp_record=record)
+            self.target_launch.set(**draws, pad_id=pad_id, pos_limit=pos_limit, warp_record=record)
             live = ~req.finished
             feed = np.zeros(2 * B + B * (self.C + 1), np.int64)
             feed[:B] = np.where(live, req.last_tokens(), pad_id)
@@ -318,7 +327,7 @@ class _RoundBuffers:
             self.target_steps[1].feed.set(feed, stream=stream)
             return
         for launch in self.step_launches:
-            launch.set(temperature=temperature, seed=seed & (2 ** 64 - 1), pos_limit=pos_limit, warp_record=record)
+            launch.set(**draws, pos_limit=pos_limit, warp_record=record)
         if self.ngram_feed_launch is not None:
             self.ngram_feed_launch.set(pos_limit=pos_limit)
         done = self.done_launch
@@ -407,15 +416,62 @@ def calibrate_model_costs(decoder, buf: _RoundBuffers, gammas, replays: int = 5)
     return costs
 
 
+class _Staging:
+    """Page-locked host memory and its device twin, for small uploads enqueued behind work in flight
+    (a copy from pageable memory may wait for the stream). An upload first waits for the previous
+    one's copy and the work that read it (an event recorded after them): long done by then."""
+
+    def __init__(self):
+        self.host = self.device = self.event = None
+
+    @contextlib.contextmanager
+    def upload(self, values: np.ndarray, stream):
+        """values (1-D) on the device, for the work enqueued inside the block."""
+        import cupy
+        if self.event is not None:
+            self.event.synchronize()
+        if self.host is None or self.host.nbytes < values.nbytes:
+            size = max(values.nbytes, 4096)
+            self.host = np.frombuffer(cupy.cuda.alloc_pinned_memory(size), np.uint8, size)
+            self.device = cupy.empty(size, cupy.uint8)
+        self.host[:values.nbytes] = values.view(np.uint8)
+        cupy.cuda.runtime.memcpyAsync(self.device.data.ptr, self.host.ctypes.data, values.nbytes, 1, stream.ptr)
+        yield self.device[:values.nbytes].view(values.dtype)
+        self.event = cupy.cuda.Event(disable_timing=True)
+        self.event.record(stream)
+
+
+@functools.lru_cache(maxsize=None)
+def _offset_streams_kernel():
+    import cupy
+    return cupy.ElementwiseKernel("raw int64 base, int64 offset", "int64 out",
+                                  "out = (i & 1) ? base[i] + offset : base[i]", "ss_offset_streams")
+
+
+def _offset_streams(base, offset: int):
+    """[B, 2] (seed, offset base + offset) from base [B, 2]: verify()'s per-request streams of a round,
+    one small kernel in stream order (the base stays on the device)."""
+    import cupy
+    out = cupy.empty_like(base)
+    _offset_streams_kernel()(base, np.int64(offset), out)
+    return out
+
+
 class DeviceRounds:
     """The rounds of one generate() call, with the state on the device (module docstring).
 
     Iterating yields a decode_stats.Round per round as the host reads it, after the host's copy of the
     sequences (req) has taken the round's tokens. draft_cache None: target-only (gamma = 0).
+
+    Continuous batching (continuous.py) gives finished rows new requests between rounds: refill()
+    enqueues the newcomers' state and prefill behind the rounds in flight, so the loop never
+    drains; streams, a decode_host.RequestStreams, keys each row's random numbers by its request
+    (with a fixed gamma: its offsets count its own rounds), and temperature is then [B] on the
+    device, each row's, updated in place.
     """
 
     def __init__(self, decoder, req, target_cache, draft_cache, *, policy, method, temperature, seed, clock,
-                 warps=None, logprobs=False):
+                 warps=None, logprobs=False, streams=None):
         if draft_cache is not None and target_cache.capacity != draft_cache.capacity:
             raise ValueError("device rounds need both caches at the same capacity")
         self.dec, self.req, self.clock, self.policy = decoder, req, clock, policy
@@ -427,8 +483,9 @@ class DeviceRounds:
         self.stream = decoder.stream
         self.discarded = 0
         self.read_wait_s = 0.0
-        self._unread = 0   # rounds enqueued whose reports the host has not read
+        self.enqueued = self.read = 0   # rounds enqueued, and those of them whose reports the host read
         self.B = B = req.batch
+        self.joined = np.zeros(B, np.int64)   # the first round of each row's request (refill())
         P = -(-req.seq.shape[1] // PITCH_ROUND) * PITCH_ROUND
         self.buf = buf = round_buffers(decoder, B, target_cache.capacity, P, self.cap, int(req.eos_ids.size))
         self.masks = {"target": buf.dev["mask_t"].reshape(B, -1), "draft": buf.dev["mask_d"].reshape(B, -1)}
@@ -437,11 +494,32 @@ class DeviceRounds:
             policy.choose()   # from the measured costs (and what earlier calls measured, if loaded)
         self.gammas = {0: policy.next_gamma()}
         limit = decoder.context_length
+        self.pos_limit = (limit or np.iinfo(np.int64).max) - 1
+        self._streams = streams
+        self._stream_base = self._upload_streams(streams)
         buf.start(req, (target_cache, draft_cache), gamma=self.gammas[0], temperature=temperature, seed=seed,
-                  pad_id=req.pad_id, pos_limit=(limit or np.iinfo(np.int64).max) - 1, stream=self.stream,
-                  warps=warps, logprobs=logprobs)
+                  pad_id=req.pad_id, pos_limit=self.pos_limit, stream=self.stream,
+                  warps=warps, logprobs=logprobs, stream_base=self._stream_base)
         # generate(logprobs=True): per request, one log-probability per token taken (as decode_host's).
         self.logprobs = [[] for _ in range(B)] if logprobs else None
+        self._staging = None   # refill()'s page-locked upload buffer
+
+    def _upload_streams(self, streams):
+        """[B, 2] int64 on the device, each row's (seed, offset base): the base makes a launch's offset
+        (the loop's round) the request's own, counted from the round it joined at (decode_host's
+        offsets: own round * (cap + 1) + step, or own round for target steps). None without streams."""
+        if streams is None:
+            return None
+        import cupy
+        base = np.stack([streams.seeds, -streams.joined * self.per_round], axis=1).astype(np.int64)
+        with self.stream:
+            return cupy.asarray(base)
+
+    def _verify_draws(self, offset: int) -> dict:
+        """verify()'s random-number keywords for a round whose verify offset (the loop's) is `offset`."""
+        if self._stream_base is None:
+            return {"seed": self.seed, "offset": offset}
+        return {"streams": _offset_streams(self._stream_base, offset)}
 
     def finish(self, rows) -> None:
         """Finish these requests now (stop strings): on the host at once, on the device from the next
@@ -461,7 +539,7 @@ class DeviceRounds:
         else:
             self.gammas[r + 1] = 0
         self._compact_full_caches(gamma + 1)
-        self._unread += 1
+        self.enqueued += 1
         report = self.buf.host_reports[r % 2].ctypes.data
         if gamma == 0:
             self._enqueue_target_step(r, report)
@@ -513,7 +591,7 @@ class DeviceRounds:
         draft_logits = buf.draft_logits[:B * gamma * vocab].reshape(B, gamma, vocab) if self.draft is not None else None
         with self.clock.span("verify", start=target_end) if timed else contextlib.nullcontext():
             res = verify(draft_tokens, draft_logits, target_step.logits, method=self.method,
-                         temperature=self.temperature, seed=self.seed, offset=base + self.cap,
+                         temperature=self.temperature, **self._verify_draws(base + self.cap),
                          draft_lengths=buf.draft_len, warps=buf.warps, logprobs=buf.logprobs)
         done = buf.done_launch
         buf.set_commit(done.commit, gamma + 1, L)
@@ -536,24 +614,29 @@ class DeviceRounds:
         return report, packed
 
     def _finishes_all(self, r: int) -> bool:
-        """Whether round r (its report in host memory) left every request finished: its report's flags."""
+        """Whether round r (its report in host memory) left every request finished: its report's flags
+        (the host's for rows refilled after it)."""
         report, packed = self._report(r)
-        return bool(report[packed + self.B:packed + 2 * self.B].all())
+        flags = report[packed + self.B:packed + 2 * self.B].astype(bool)
+        return bool(np.where(self.joined <= r, flags, self.req.finished).all())
 
     def _read(self, r: int):
         """Wait for round r's report; apply it to the host's sequences."""
         self._wait(r)
-        self._unread -= 1
+        self.read += 1
         report, packed = self._report(r)
         report = report.copy()
         B, G = self.B, self.gammas[r]
         result = VerifyResult(report[:packed], B)
         errors.raise_if_any(result.error)
         req = self.req
-        active = ~req.finished
+        # Rows refilled after round r was enqueued report their old request's end: not theirs.
+        fresh = self.joined <= r
+        active = ~req.finished & fresh
         # The round's draft lengths as round_done found them (prompt lookup's depend on the data).
         draft_len = report[packed + 2 * B:packed + 3 * B].astype(np.int64) if G else np.zeros(B, np.int64)
-        taken, finished = report[packed:packed + B], report[packed + B:packed + 2 * B].astype(bool)
+        taken = np.where(fresh, report[packed:packed + B], 0)
+        finished = np.where(fresh, report[packed + B:packed + 2 * B].astype(bool), req.finished)
         if (active & ~req.stopped & (taken <= 0)).any():   # >= 1 token where no error is reported
             raise RuntimeError(f"device round {r} emitted nothing for an unfinished request: report {report.tolist()}")
         taken = req.take(result.tokens, taken, finished)
@@ -584,7 +667,7 @@ class DeviceRounds:
         full = [(role, cache) for role, cache in caches if cache.length + need > cache.capacity]
         if not full:
             return
-        new_length = int(self.req.seq_len.max()) + self.per_round * self._unread - 1
+        new_length = int(self.req.seq_len.max()) + self.per_round * (self.enqueued - self.read) - 1
         with self.stream:
             for role, cache in full:
                 if new_length + need > cache.capacity:
@@ -602,6 +685,91 @@ class DeviceRounds:
                 self.buf.target_steps[1].feed[2 * B:].reshape(B, C + 1)[:, :C] = self.masks["target"]
             # (prompt-lookup rounds write the target's feed from the mask each round)
 
+    # -- continuous batching ----------------------------------------------------------------------
+    @property
+    def round(self) -> int:
+        """The next round to be enqueued: the first that a row refilled now takes part in."""
+        return self.enqueued
+
+    def refill(self, rows, temperatures=None, warps=None) -> None:
+        """Rows `rows` start the requests the host has just put in them (req.refill(), and
+        streams.restart() at self.round): from round self.round on, on the device too. Enqueued
+        behind the rounds in flight, with no wait: the rows' state, random streams and temperatures
+        (temperatures: theirs, when the loop's temperature is per row), their prompts but the last
+        token into both caches (prefill runs whose attention mask is the device's slot mask), then
+        the next round's feeds. warps: the call's truncation rebuilt for the new temperatures."""
+        import cupy
+        rows = np.asarray(rows, np.int64)
+        req, buf, B, n = self.req, self.buf, self.B, len(rows)
+        if req.seq.shape[1] > buf.P:
+            raise ValueError(f"refilled sequences need {req.seq.shape[1]} columns, the device loop holds {buf.P}")
+        self.joined[rows] = self.enqueued
+        seq = np.full((n, buf.P), req.pad_id, np.int64)
+        seq[:, :req.seq.shape[1]] = req.seq[rows]
+        base = -self.joined[rows] * self.per_round
+        seeds = self._seeds(rows)
+        temps = np.zeros(n) if temperatures is None else np.asarray(temperatures, np.float64)
+        packed = np.concatenate([rows, seq.ravel(), req.seq_len[rows], req.prompt_len[rows] + req.budget[rows],
+                                 seeds, base, req.last_tokens()[rows], np.clip(req.seq_len[rows] - 1, 0, self.pos_limit),
+                                 temps.view(np.int64)])
+        if self._staging is None:
+            self._staging = _Staging()
+        with self.stream, self._staging.upload(packed, self.stream) as up:
+            at = np.cumsum([0, n, n * buf.P, n, n, n, n, n, n, n])
+            part = lambda k: up[at[k]:at[k + 1]]
+            at_rows = part(0)
+            dev = buf.dev
+            dev["seq"].reshape(B, buf.P)[at_rows] = part(1).reshape(n, buf.P)
+            dev["seq_len"][at_rows] = part(2)
+            dev["limit"][at_rows] = part(3)
+            dev["finished"][at_rows] = 0
+            for mask in self.masks.values():
+                mask[at_rows] = 0
+            if self._stream_base is not None:
+                self._stream_base[at_rows, 0] = part(4)
+                self._stream_base[at_rows, 1] = part(5)
+            if temperatures is not None:
+                self.temperature[at_rows] = part(8).view(cupy.float64)
+            if warps is not None:
+                buf.truncation = buf.warps = warps
+            self._prefill_rows(rows)
+            if self.cap == 0:   # the next target step's feed for these rows: their last token, their slots
+                C = self.tc.capacity
+                feed = buf.target_steps[1].feed
+                feed[:B][at_rows] = part(6)
+                feed[B:2 * B][at_rows] = part(7)
+                feed_mask = feed[2 * B:].reshape(B, C + 1)
+                feed_mask[at_rows, :C] = self.masks["target"][at_rows]
+                feed_mask[at_rows, C] = 1
+            else:   # round_done with nothing emitted: every row's first draft feed and draft length
+                gamma = self.gammas[self.enqueued]
+                done = buf.done_launch
+                done.commit.words = 0
+                done(self.stream, verify_out=buf.no_verify.data.ptr, L_target=0, target_cols=0,
+                     report=buf.first_report.data.ptr, G=gamma, gamma_next=gamma, verify_lp=0, lp_out=0)
+
+    def _seeds(self, rows) -> np.ndarray:
+        """The seeds of these rows' requests (0 without per-request streams)."""
+        return self._streams.seeds[rows] if self._streams is not None else np.zeros(len(rows), np.int64)
+
+    def _prefill_rows(self, rows) -> None:
+        """Every prompt but its last token of rows `rows` (their slot masks just cleared) into both
+        caches, chunk by chunk as the decoder's prefill, the other rows' new columns holes."""
+        req, only = self.req, np.zeros(self.B, bool)
+        only[rows] = True
+        runs = [(self.target, self.tc, "target")] + ([(self.draft, self.dc, "draft")] if self.dc is not None else [])
+        fed = np.zeros(self.B, np.int64)
+        while True:
+            upto = np.where(only, np.minimum(req.seq_len - 1, fed + self.dec.prefill_chunk), fed)
+            todo = upto > fed
+            if not todo.any():
+                return
+            ids, new_mask, positions = req.columns(fed, upto, rows=todo)
+            self._compact_full_caches(new_mask.shape[1])
+            for session, cache, role in runs:
+                session.forward(cache, ids, new_mask, positions, device_mask=self.masks[role])
+            fed = upto
+
     def _can_run_ahead(self, r: int) -> bool:
         """Whether round r + 1 is needed whatever round r (in flight) emits, bar an EOS: some unfinished
         request would still have tokens to generate after round r's at most gamma + 1."""
@@ -612,8 +780,9 @@ class DeviceRounds:
         r = 0
         if self.req.finished.all():
             return
-        self._enqueue(0)
         while True:
+            if self.enqueued == r:   # the first round, or one that rows refilled after its read need
+                self._enqueue(r)
             ahead = self._can_run_ahead(r)
             if ahead:
                 self._enqueue(r + 1)

@@ -19,6 +19,7 @@ import ctypes
 import dataclasses
 import functools
 import math
+import numbers
 
 from specsample_cupy import kernel_runtime
 from specsample_cupy.kernel_runtime import codes_header, kernel_source
@@ -290,9 +291,14 @@ class RowWarps:
 
     def __call__(self, stream, logits_ptr, S, temperature, warps):
         """Enqueue: rows logits[b, S - 1] of a [B, S, V] output at logits_ptr, at this temperature
-        (0: greedy, nothing truncated), warps: a Warps of [B] CuPy arrays."""
+        (0: greedy, nothing truncated; or [B] float32 CuPy, each row's), warps: a Warps of [B] CuPy
+        arrays."""
         last = logits_ptr + (S - 1) * self.V * self.itemsize
-        self._rows(stream, (0, last, 0, 0, float(temperature), int(temperature == 0)), warps, tpitch=S * self.V)
+        if isinstance(temperature, numbers.Real):
+            head = (0, last, 0, 0, float(temperature), int(temperature == 0))
+        else:
+            head = (0, last, 0, temperature.data.ptr, 1.0, 0)
+        self._rows(stream, head, warps, tpitch=S * self.V)
 
 
 def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scalar, seed, offset,

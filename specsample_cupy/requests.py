@@ -40,15 +40,18 @@ class Requests:
         """Row b starts a new request (continuous batching): its prompt, its budget (see __init__) and
         its max_new_tokens (what finish_reason() calls "length"). The sequences widen when it needs
         more columns than any row so far."""
-        width = len(prompt_ids) + budget + self.extra
-        if width > self.seq.shape[1]:
-            self.seq = np.pad(self.seq, ((0, 0), (0, width - self.seq.shape[1])), constant_values=self.pad_id)
+        self.widen(len(prompt_ids) + budget + self.extra)
         self.seq[b] = self.pad_id
         self.seq[b, :len(prompt_ids)] = prompt_ids
         self.prompt_len[b] = self.seq_len[b] = len(prompt_ids)
         self.budget[b], self.requested[b] = budget, max_new_tokens
         self.finished[b] = budget <= 0
         self.stopped[b] = False
+
+    def widen(self, width: int) -> None:
+        """At least `width` columns per row (pad columns added on the right)."""
+        if width > self.seq.shape[1]:
+            self.seq = np.pad(self.seq, ((0, 0), (0, width - self.seq.shape[1])), constant_values=self.pad_id)
 
     @property
     def remaining(self) -> np.ndarray:

@@ -216,11 +216,15 @@ class StaticDecoderSession(DecoderSession):
         return step
 
     def forward(self, cache: StaticKVCache, input_ids: np.ndarray, new_mask: np.ndarray, positions: np.ndarray,
-                device_ids=None):
-        """As DecoderSession.forward (same arguments and result)."""
+                device_ids=None, device_mask=None):
+        """As DecoderSession.forward (same arguments and result). device_mask: None, or the cache's slot
+        mask [B, C] on the device (the device loop's, which the host's cache.mask does not follow):
+        the run's attention mask is read from it and its new columns are recorded in it; the caller
+        makes room first (cache.make_room() would read the host's mask)."""
         import cupy
         batch, S = new_mask.shape
-        cache.make_room(S)
+        if device_mask is None:
+            cache.make_room(S)
         C, length = cache.capacity, cache.length
         step = self._step(S)
         plan, stream = self._plan, self.stream
@@ -234,10 +238,12 @@ class StaticDecoderSession(DecoderSession):
             host[:batch * S] = np.asarray(input_ids).ravel()
             host[batch * S:2 * batch * S] = np.clip(positions, 0, limit).ravel()
             mask = host[2 * batch * S:].reshape(batch, C + S)
-            mask[:, :length] = cache.mask
+            mask[:, :length] = cache.mask if device_mask is None else 0
             mask[:, length:C] = 0
             mask[:, C:] = new_mask
             cupy.cuda.runtime.memcpyAsync(step.feed.data.ptr, host.ctypes.data, host.nbytes, _H2D, stream.ptr)
+            if device_mask is not None:
+                step.feed[2 * batch * S:].reshape(batch, C + S)[:, :C] = device_mask
             if slot is None:
                 stream.synchronize()   # the pageable host array goes out of scope
             else:
@@ -256,7 +262,12 @@ class StaticDecoderSession(DecoderSession):
                 plan.cache.data.ptr + length * D * item, C * D * item,
                 step.present.data.ptr + C * D * item, (C + S) * D * item,
                 S * D * item, step.present.shape[0] * batch * self.n_kv_heads, _D2D, stream.ptr)
-        cache.advance(new_mask)
+            if device_mask is not None:
+                device_mask[:, length:length + S] = step.feed[2 * batch * S:].reshape(batch, C + S)[:, C:]
+        if device_mask is None:
+            cache.advance(new_mask)
+        else:
+            cache.length += S
         return step.logits
 
     def replay(self, step: _Step):
