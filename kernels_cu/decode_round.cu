@@ -370,6 +370,17 @@ __global__ void __launch_bounds__(SS_THREADS) compact_plan(long long* __restrict
   for (int c = threadIdx.x; c < C; c += blockDim.x) row[c] = c >= first && c < new_length;
 }
 
+// verify()'s per-request streams for one round: out[b] = (seed, offset base + offset) from
+// base[b] = (seed, offset base) (row_draw()'s), so that the host uploads nothing per round.
+// One thread per request.
+__global__ void offset_streams(const long long* __restrict__ base, long long offset, long long* __restrict__ out,
+                               int B) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= B) return;
+  out[2 * b] = base[2 * b];
+  out[2 * b + 1] = base[2 * b + 1] + offset;
+}
+
 // The instantiations decode_device.py launches (named here too so that an offline nvcc compiles them).
 #define SS_DRAFT_STEP_DONE(T, VEC)                                                                              \
   template __global__ void draft_step_done<T, VEC>(                                                             \

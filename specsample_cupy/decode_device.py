@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import time
 
 import numpy as np
@@ -64,10 +63,10 @@ class _Commit(ctypes.Structure):
 
 
 def _functions(tag: str, vec: int):
-    """decode_round.cu's (draft_step_done, round_done, compact_plan, target_step_done, ngram_target_feed)
-    as cupy.RawKernels for the current device."""
+    """decode_round.cu's (draft_step_done, round_done, compact_plan, target_step_done, ngram_target_feed,
+    offset_streams) as cupy.RawKernels for the current device."""
     names = (f"draft_step_done<{tag}, {vec}>", "round_done", "compact_plan", f"target_step_done<{tag}, {vec}>",
-             "ngram_target_feed")
+             "ngram_target_feed", "offset_streams")
     return kernel_runtime.functions("decode_round.cu", names)
 
 
@@ -160,7 +159,8 @@ class _RoundBuffers:
         self.report_events = [cupy.cuda.Event(disable_timing=False) for _ in range(EVENTS)]
         self._dtype_name = target.logits_dtype.name   # float32 or float16 (supported())
         tag, vec = kernels.vec_width(self._dtype_name, self.V)   # run outputs: allocation-aligned
-        step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel = _functions(tag, vec)
+        step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel, self.offset_streams = \
+            _functions(tag, vec)
         self.target_steps = {}   # S -> the target's _Step
         self.step_launches = []
         # Per call (start()): the truncation (draft steps warp their rows by it), the warps of verify()
@@ -441,22 +441,6 @@ class _Staging:
         self.event.record(stream)
 
 
-@functools.lru_cache(maxsize=None)
-def _offset_streams_kernel():
-    import cupy
-    return cupy.ElementwiseKernel("raw int64 base, int64 offset", "int64 out",
-                                  "out = (i & 1) ? base[i] + offset : base[i]", "ss_offset_streams")
-
-
-def _offset_streams(base, offset: int):
-    """[B, 2] (seed, offset base + offset) from base [B, 2]: verify()'s per-request streams of a round,
-    one small kernel in stream order (the base stays on the device)."""
-    import cupy
-    out = cupy.empty_like(base)
-    _offset_streams_kernel()(base, np.int64(offset), out)
-    return out
-
-
 class DeviceRounds:
     """The rounds of one generate() call, with the state on the device (module docstring).
 
@@ -513,13 +497,21 @@ class DeviceRounds:
         import cupy
         base = np.stack([streams.seeds, -streams.joined * self.per_round], axis=1).astype(np.int64)
         with self.stream:
-            return cupy.asarray(base)
+            self._verify_streams = cupy.empty_like(base)   # each round's, written before its verify()
+            self._offset_launch = kernel_runtime.Launch(self.buf.offset_streams, [
+                ctypes.c_void_p(0), ("offset", ctypes.c_int64()),
+                ctypes.c_void_p(self._verify_streams.data.ptr), ctypes.c_int32(self.B)])
+            base = cupy.asarray(base)
+        self._offset_launch.set(leading=(base.data.ptr,))
+        return base
 
     def _verify_draws(self, offset: int) -> dict:
         """verify()'s random-number keywords for a round whose verify offset (the loop's) is `offset`."""
         if self._stream_base is None:
             return {"seed": self.seed, "offset": offset}
-        return {"streams": _offset_streams(self._stream_base, offset)}
+        # One buffer serves every round: round r + 1's launch follows round r's verify() in stream order.
+        self._offset_launch(self.stream, -(-self.B // THREADS), THREADS, offset=offset)
+        return {"streams": self._verify_streams}
 
     def finish(self, rows) -> None:
         """Finish these requests now (stop strings): on the host at once, on the device from the next

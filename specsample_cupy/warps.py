@@ -70,6 +70,8 @@ def make_warps(xp, B, V, temps, temp_scalar, top_k=None, top_p=None, min_p=None)
     argument for a bad value. On CuPy, [B] arrays are read back to validate them (and the
     temperatures, to compute the min-p span), which synchronises with the device.
     """
+    if top_k is None and top_p is None and min_p is None:   # every call without truncation: nothing to do
+        return None
     from specsample_cupy.verify import _per_request
     host = lambda a: a.get() if hasattr(a, "get") else np.asarray(a)
     values = {}
