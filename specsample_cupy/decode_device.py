@@ -33,6 +33,12 @@ target_step_done computes its token's from the row's warp_rows record.
 A full cache is compacted on the device too (compact_plan), in stream order between two rounds, so
 the masks never cross to the host and no compaction waits for a read.
 
+Continuous batching (continuous.py) refills a finished request's row the same way: refill() enqueues
+the newcomer's state, its prompt's prefill runs (their attention masks copied from the device's slot
+masks) and the next round's feeds behind the round in flight; reports of rounds enqueued before a
+row's refill are not that row's (joined). Each row then samples at its own temperature and from its
+request's random stream (decode_round.cu's row_draw).
+
 Used on CUDA when the models run with fixed bindings (sessions_static), their logits share a dtype
 (float32/float16) and the vocabulary fits one block's row sampler; otherwise decode_host runs.
 """
