@@ -51,12 +51,15 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1, xp=np):
     mul = xp.asarray([_M0, _M1], dtype=u64).reshape(pair)
     keys = _round_keys(k0, k1, len(shape) - 1, xp) if keys_per_element else _scalar_round_keys(k0, k1, pair, xp)
     products = [xp.empty(shape, u64), xp.empty(shape, u64)]
-    high, low = (Ellipsis, 1 - _LOW_HALF), (Ellipsis, _LOW_HALF)
+    # The halves' views, made once: on small arrays they cost as much as the arithmetic.
+    halves = [p.view(u32).reshape(shape + (2,)) for p in products]
+    crossed = [(h[..., 1 - _LOW_HALF][::-1], h[..., _LOW_HALF][::-1]) for h in halves]
     for r in range(10):
-        halves = xp.multiply(even, mul, out=products[r % 2]).view(u32).reshape(shape + (2,))
-        even = xp.bitwise_xor(halves[high][::-1], odd, out=even)   # even has been multiplied: free
+        xp.multiply(even, mul, out=products[r % 2])
+        high, low = crossed[r % 2]
+        xp.bitwise_xor(high, odd, out=even)      # even has been multiplied: free
         even ^= keys[r]
-        odd = halves[low][::-1]
+        odd = low
     return [even[0], odd[0], even[1], odd[1]]
 
 

@@ -3,8 +3,10 @@ error codes every method computes on either backend.
 
 It computes in float64 what kernels_cu/verify.cu computes in float32, with the same Philox
 random numbers, the same acceptance rule, the same exponential race and the same error codes,
-so kernel and reference agree except on float near-ties. Shapes: draft_tokens [B, G] int,
-draft [B, G, V], target [B, G+1, V], lengths [B] int, temps [B] float.
+so kernel and reference agree except on float near-ties. (Where float32 arithmetic with error
+bounds settles an acceptance or a race, the float64 rows are not computed: the results are the
+same.) Shapes: draft_tokens [B, G] int, draft [B, G, V], target [B, G+1, V], lengths [B] int,
+temps [B] float.
 """
 import threading
 
@@ -19,7 +21,7 @@ def _or(xp, err, mask, code):
 
 
 def request_errors(draft_tokens, draft, target, lengths, temps, *, probs, greedy_ok=True,
-                   greedy_all=False, xp=np):
+                   greedy_all=False, xp=np, row_max=(None, None)):
     """Error codes [B] int32 (specsample_cupy.errors) of every request, as the kernels compute them,
     with arrays of module xp (the GPU baseline runs this on CuPy, without synchronising).
 
@@ -33,6 +35,8 @@ def request_errors(draft_tokens, draft, target, lengths, temps, *, probs, greedy
           value or +Inf).
       NO_MASS: an active row has no entry > -Inf (probs: no entry in (0, +Inf)).
       TOKEN_RANGE: one of draft_tokens[b, :L] is outside [0, V).
+
+    row_max: (target.max(-1), draft.max(-1)) where the caller has them (NumPy, logits), else None.
 
     Returns (err [B] int32, L [B] int64, greedy [B] bool, temps [B] float64 with 1 where the
     request is greedy or its temperature is bad).
@@ -51,20 +55,20 @@ def request_errors(draft_tokens, draft, target, lengths, temps, *, probs, greedy
     err = _or(xp, err, (lengths < 0) | (lengths > G), errors.LENGTH)
     L = xp.clip(lengths, 0, G)
     t_rows = xp.arange(G1)[None, :] <= L[:, None]
-    invalid, no_mass = _row_checks(target, probs, xp)
+    invalid, no_mass = _row_checks(target, probs, xp, row_max[0])
     err = _or(xp, err, (invalid & t_rows).any(-1), errors.TARGET_VALUES)
     err = _or(xp, err, (no_mass & t_rows).any(-1), errors.NO_MASS)
     if G:
         in_draft = xp.arange(G)[None, :] < L[:, None]
         d_rows = in_draft & ~greedy[:, None]
-        invalid, no_mass = _row_checks(draft, probs, xp)
+        invalid, no_mass = _row_checks(draft, probs, xp, row_max[1])
         err = _or(xp, err, (invalid & d_rows).any(-1), errors.DRAFT_VALUES)
         err = _or(xp, err, (no_mass & d_rows).any(-1), errors.NO_MASS)
         err = _or(xp, err, (((draft_tokens < 0) | (draft_tokens >= V)) & in_draft).any(-1), errors.TOKEN_RANGE)
     return err, L, greedy, temps
 
 
-def _row_checks(a, probs, xp):
+def _row_checks(a, probs, xp, hi=None):
     """(invalid, no_mass) of every row of a [..., V] by request_errors()' rules: invalid when the
     row holds NaN or +Inf (probs: NaN, a negative value or +Inf), no_mass when no entry is > -Inf
     (probs: in (0, +Inf))."""
@@ -79,7 +83,8 @@ def _row_checks(a, probs, xp):
     # NumPy: a row holds a bad entry exactly when its max or min (NaN propagates) is bad, and a row
     # without one has mass exactly when its max has; one or two vectorised reductions instead of
     # several element-wise passes. The rare rows with a bad entry are checked entry by entry.
-    lo, hi = _half_row_extremes(a) if a.dtype == np.float16 else (a.min(-1) if probs else None, a.max(-1))
+    if hi is None:   # else the caller's a.max(-1) (logits)
+        lo, hi = _half_row_extremes(a) if a.dtype == np.float16 else (a.min(-1) if probs else None, a.max(-1))
     invalid = bad(lo) | bad(hi) if probs else bad(hi)
     no_mass = ~mass(hi)
     if invalid.any():
@@ -175,7 +180,7 @@ class _RowPool:
     _local = threading.local()
 
     def __init__(self):
-        self.free, self.kept = {}, 0              # V -> [rows], bytes held
+        self.free, self.kept = {}, 0              # (V, dtype) -> [rows], bytes held
 
     @classmethod
     def mine(cls) -> "_RowPool":
@@ -184,18 +189,64 @@ class _RowPool:
             pool = cls._local.pool = cls()
         return pool
 
-    def take(self, V: int) -> np.ndarray:
-        rows = self.free.get(V)
+    def take(self, V: int, dtype=np.float64) -> np.ndarray:
+        rows = self.free.get((V, np.dtype(dtype)))
         if rows:
             self.kept -= rows[-1].nbytes
             return rows.pop()
-        return np.empty(V)
+        return np.empty(V, dtype)
 
     def give(self, rows) -> None:
         for row in rows:
             if self.kept + row.nbytes <= self.LIMIT:
-                self.free.setdefault(row.size, []).append(row)
+                self.free.setdefault((row.size, row.dtype), []).append(row)
                 self.kept += row.nbytes
+
+
+# Acceptance reads one weight t / S of each row before the first rejection, and S, the row's float64
+# sum, costs a pass of float64 exps, about twice the float32 one. In float32 (temperature 1, m the
+# row's max, x - m clamped at -87 where float32 exps turn subnormal and ten times slower): x - m errs
+# by at most 2^-24 |x - m| <= 5.2e-6, so terms are within 6e-6 of the float64 ones (relative, with
+# the exps' few ulps), or both under 2^-125 against S >= 1 (the max's term is 1); float32 pairwise
+# summation errs by under 3e-6. So S lies within SUM_SLACK of the float32 sum s (100 times the
+# error), and the weight in [t / (s (1 + SUM_SLACK)), t / (s (1 - SUM_SLACK))].
+SUM_SLACK = 2.0 ** -10
+
+
+def _softmax_bounds(x, top, col, scratch):
+    """(lo, hi) around the softmax weight of entry col of a float32 row x [V] at temperature 1, top
+    its max (finite): (0, t) from its exact term t alone (the sum is at least 1), or with scratch
+    (float32 [V]) from the float32 sum too (SUM_SLACK)."""
+    # The term as _softmax_terms() computes it, the exp in place as on its rows (NumPy runs its
+    # vectorised exp only where input and output coincide or lie apart).
+    t = np.subtract(x[col:col + 1], np.float64(top), dtype=np.float64)
+    t = float(np.exp(t, out=t)[0])
+    if scratch is None:
+        return 0.0, t
+    np.maximum(np.subtract(x, top, out=scratch), -87.0, out=scratch)
+    s = float(np.add.reduce(np.exp(scratch, out=scratch)))
+    return t / (s * (1 + SUM_SLACK)), t / (s * (1 - SUM_SLACK))
+
+
+def _softmax_race(x, top, bits, scratch):
+    """The winner of the exponential race (_race()) over softmax(x), x a float32 row [V] at
+    temperature 1 with max top (finite), with Philox bits [V], from float32 keys: -1 where those
+    leave it open.
+
+    A float32 key w / e (w as in _softmax_bounds(), e = -log(u) from the same uniforms, exact in
+    float32, and float32 log within a few ulps, also near u = 1) is within 2e-5 of the float64 key
+    times the row's sum. So an entry whose key exceeds all others by more than SUM_SLACK wins in
+    float64 too, with a positive weight (its key is at least the max entry's, 1 / e >= 1 / 16.6,
+    far above any entry clamped at -87)."""
+    w = np.maximum(np.subtract(x, top, out=scratch), -87.0, out=scratch)
+    np.exp(w, out=w)
+    e = (bits >> np.uint32(9)).astype(np.float32)
+    e += 0.5
+    e *= 2.0 ** -23
+    np.negative(np.log(e, out=e), out=e)
+    key = np.divide(w, e, out=e)
+    best = key.argmax()
+    return int(best) if np.count_nonzero(key >= key[best] * (1 - SUM_SLACK)) == 1 else -1
 
 
 # Entries of rows worth one array call: shorter rows are handled several at once (positions in
@@ -210,17 +261,32 @@ class _RowsOnDemand:
     Verification reads a request's rows 0..n of both models only (n: its first rejection, whose
     rows the residual reuses), so rows after n are never computed, and of rows before n one weight
     each, so those are kept undivided (_row_terms()). Every mode of row_weights() is a function of
-    each row alone, so a row computed on its own is bit for bit that row of the whole array."""
+    each row alone, so a row computed on its own is bit for bit that row of the whole array.
+    Long float32 softmax rows at temperature 1 are first read through float32 bounds (bounded()),
+    and computed only where those leave a decision open."""
 
-    def __init__(self, x, temps, kw):
-        self.x, self.temps, self.kw = x, temps, kw
+    def __init__(self, x, temps, kw, top=None):
+        self.x, self.temps, self.kw, self.top = x, temps, kw, top    # top: x.max(-1) of float32 logits
         self.done = {}                           # (b, r) -> [terms [V], divisor]
         self.pooled = []                         # rows of _RowPool's, handed back by release()
+        self.scratch = None                      # float32 [V] of the float32 bounds, one of those rows
+        self.float32_softmax = top is not None and 2 * x.shape[-1] > ROW_BLOCK
 
     def release(self) -> None:
         """Hand the rows taken from the thread's _RowPool back (nothing may read them after)."""
         _RowPool.mine().give(self.pooled)
-        self.pooled, self.done = [], {}
+        self.pooled, self.done, self.scratch = [], {}, None
+
+    def bounded(self, b, i) -> bool:
+        """Whether row (b, i) is read through float32 bounds (bounds(), race()): a long float32
+        softmax row at temperature 1 (one at a time, as _rows() computes it), not computed yet."""
+        return self.float32_softmax and (b, i) not in self.done and 1.0 / self.temps[b] == 1.0
+
+    def _scratch(self):
+        if self.scratch is None:
+            self.scratch = _RowPool.mine().take(self.x.shape[-1], np.float32)
+            self.pooled.append(self.scratch)
+        return self.scratch
 
     def _rows(self, reqs, r):
         """The kept [terms, divisor] of rows (reqs[k], r[k]), computed where not kept yet."""
@@ -249,6 +315,26 @@ class _RowsOnDemand:
         terms = np.array([t[c] for (t, _), c in zip(rows, cols.ravel().tolist())], np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             return (terms / np.array([d for _, d in rows], np.float64)).reshape(reqs.shape)
+
+    def bounds(self, reqs, r, cols, *, sums=True):
+        """(lo, hi) with lo <= at(reqs, r, cols) <= hi, index arrays of one shape: for bounded() rows
+        from the entry's term, and with sums from float32 sums (_softmax_bounds()), the rows left
+        uncomputed; lo = hi = at() for the others."""
+        lo, hi = np.empty(reqs.size), np.empty(reqs.size)
+        exact = []
+        for k, (b, i, c) in enumerate(zip(reqs.ravel().tolist(), r.ravel().tolist(), cols.ravel().tolist())):
+            if self.bounded(b, i):
+                lo[k], hi[k] = _softmax_bounds(self.x[b, i], self.top[b, i], c, self._scratch() if sums else None)
+            else:
+                exact.append(k)
+        if exact:
+            lo[exact] = hi[exact] = self.at(reqs.flat[exact], r.flat[exact], cols.flat[exact])
+        return lo.reshape(reqs.shape), hi.reshape(reqs.shape)
+
+    def race(self, b, i, bits) -> int:
+        """The race's winner in bounded() row (b, i) with Philox bits [V] from float32 keys
+        (_softmax_race()), the row left uncomputed; -1 where those leave it open."""
+        return _softmax_race(self.x[b, i], self.top[b, i], bits, self._scratch())
 
     def rows(self, reqs, r, *, only):
         """Rows (reqs[k], r[k]) [len(reqs), V] where only[k], 0 elsewhere. Read only: with a single
@@ -370,13 +456,16 @@ def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed,
     """
     B, G1, V = target.shape
     G = G1 - 1
+    # Float32 logits' row maxima: request_errors() checks them, and the float32 bounds start from them.
+    top = [a.max(-1) if mode == "logits" and a.dtype == np.float32 else None for a in (target, draft)]
     err, L, greedy, temps = request_errors(draft_tokens, draft, target, np.asarray(lengths),
                                            np.asarray(temps, np.float64), probs=mode == "probs",
-                                           greedy_ok=mode not in SIGMOID_MODES, greedy_all=greedy_all)
+                                           greedy_ok=mode not in SIGMOID_MODES, greedy_all=greedy_all,
+                                           row_max=top)
     kw = dict(mode=mode, sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale)
     # The weights, each row computed when a step below first reads it.
-    p = _RowsOnDemand(target, temps, kw)
-    q = _RowsOnDemand(draft, temps, kw)
+    p = _RowsOnDemand(target, temps, kw, top[0])
+    q = _RowsOnDemand(draft, temps, kw, top[1])
 
     b = np.arange(B)
     x = np.clip(draft_tokens, 0, V - 1).astype(np.int64)
@@ -392,20 +481,58 @@ def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed,
         ok = tok == target_argmax[reqs[:, None], i]
         s = ~greedy[reqs]
         r, at = reqs[s, None].repeat(len(i), 1), i[None, :].repeat(s.sum(), 0)
-        px, qx = p.at(r, at, tok[s]), q.at(r, at, tok[s])
-        with np.errstate(invalid="ignore"):
-            ok[s] = (px > 0) & (u[r, at] * qx <= px)
+        cols, ur = tok[s], u[r, at]
+
+        def decide(p_lo, p_hi, q_lo, q_hi):
+            """Acceptance at the bounds' worst end, and where it differs at their best (undecided)."""
+            with np.errstate(invalid="ignore"):
+                sure = (p_lo > 0) & (ur * q_hi <= p_lo)
+                return sure, sure != ((p_hi > 0) & (ur * q_lo <= p_hi))
+
+        # Acceptance grows with p and falls with q. Bounds start from the entries' terms and are
+        # tightened only where undecided, as the likely outcome needs: an acceptance (likely where
+        # u q <= p with the terms, as if both sums were equal) needs p's float32 sum, then q's term
+        # (enough when p is well above u) or its float32 sum; a rejection the float64 rows, which
+        # its residual reuses.
+        (p_lo, p_hi), (q_lo, q_hi) = p.bounds(r, at, cols, sums=False), q.bounds(r, at, cols, sums=False)
+        likely = ur * q_hi <= p_hi
+        ok_s, open_ = likely, np.ones_like(likely)
+        for w, lo, hi in ((p, p_lo, p_hi), (q, q_lo, q_hi)):
+            k = open_ & likely
+            if k.any():
+                lo[k], hi[k] = w.bounds(r[k], at[k], cols[k])
+                ok_s, open_ = decide(p_lo, p_hi, q_lo, q_hi)
+        if open_.any():
+            p_lo[open_] = p_hi[open_] = p.at(r[open_], at[open_], cols[open_])
+            q_lo[open_] = q_hi[open_] = q.at(r[open_], at[open_], cols[open_])
+            ok_s = decide(p_lo, p_hi, q_lo, q_hi)[0]
+        ok[s] = ok_s
         return ok
 
     # Requests with an error emit nothing: they are not verified.
     n = _first_rejection(accepts, L, err == 0, step=max(1, ROW_BLOCK // V))
 
-    p_n = p.rows(b, n, only=sampled)
-    q_n = q.rows(b, n, only=sampled & (n < L))     # 0 where n = L: no draft row there
-    residual = _residual(p_n, q_n)
-    if mode in SIGMOID_MODES:
-        residual = _sigmoid_race_weights(mode, residual, p_n - q_n, target[b, n], temps, bonus=n >= L)
-    token, massless = _race(residual, sampled, draws, n, race_purpose)
+    # Bonus tokens of float32 softmax rows race on float32 keys where those decide (_softmax_race());
+    # the other rows race on their float64 weights.
+    quick = np.full(B, -1)
+    for k in np.flatnonzero(sampled & (n >= L)):
+        if p.bounded(k, n[k]):
+            bits = random_row_bits(*draws.of(b[k:k + 1]), n[k:k + 1], race_purpose, V)[0]
+            quick[k] = p.race(k, n[k], bits)
+    raced = sampled & (quick < 0)
+    token, massless = quick, np.zeros(B, bool)
+    if raced.any():
+        p_n = p.rows(b, n, only=raced)
+        rejected = raced & (n < L)
+        if rejected.any() or mode in SIGMOID_MODES:
+            q_n = q.rows(b, n, only=rejected)      # 0 where n = L: no draft row there
+            residual = _residual(p_n, q_n)
+        else:   # only bonus tokens: max(0, p_n - 0) is p_n (no weight is negative or NaN)
+            residual = p_n
+        if mode in SIGMOID_MODES:
+            residual = _sigmoid_race_weights(mode, residual, p_n - q_n, target[b, n], temps, bonus=n >= L)
+        raced_token, massless = _race(residual, raced, draws, n, race_purpose)
+        token = np.where(raced, raced_token, token)
     p.release()
     q.release()
     token = np.where(greedy, target_argmax[b, n], token)
