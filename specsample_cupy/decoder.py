@@ -331,11 +331,12 @@ class SpeculativeDecoder:
 
         Returns an iterator (continuous.StreamResults) of continuous.FinishedRequest(index, text,
         token_ids, finish_reason, stats, logprobs), one per request as it finishes (index: its position in
-        `requests`); its .stats counts the call's rounds and refills so far. Each request
-        gets the tokens generate([prompt], max_new_tokens, gamma, method, temperature, seed, ...)
-        gives it alone on the host loop (up to float near-ties of batched model runs): its random
-        numbers are its own (verify()'s streams). Arguments are checked at the call; the decoder is
-        busy (RuntimeError for another call) until the iterator is exhausted or closed.
+        `requests`); its .stats counts the call's rounds and refills so far, and says which loop ran
+        ("loop": "device" on CUDA with CUDA graphs, as generate(), else "host"). Each request gets the
+        tokens generate([prompt], max_new_tokens, gamma, method, temperature, seed, ...) gives it
+        alone (up to float near-ties of batched model runs): its random numbers are its own
+        (verify()'s streams). Arguments are checked at the call; the decoder is busy (RuntimeError
+        for another call) until the iterator is exhausted or closed.
 
         Example:
             >>> reqs = [StreamRequest("def f(x):", max_new_tokens=n, seed=n) for n in (16, 64, 200)]
