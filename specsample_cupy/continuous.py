@@ -116,7 +116,8 @@ class StreamResults:
     """What generate_stream() returns: an iterator of FinishedRequests, one per request as it
     finishes, and `stats`, the call's counts so far: rows (requests in flight at most), rounds (the
     loop's), request_rounds (rounds summed over the requests in them), refills (rows given a new
-    request between rounds), occupancy (request_rounds / (rounds * rows))."""
+    request between rounds), occupancy (request_rounds / (rounds * rows)), loop ("device" or "host",
+    once decoding has started)."""
 
     def __init__(self, run, batch_size: int):
         self._run, self._results = run, run.results(batch_size)
