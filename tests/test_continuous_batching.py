@@ -48,6 +48,7 @@ def _check_against_alone(dec, requests, batch_size, **kw):
     rows = min(batch_size, len(requests))
     assert stream.stats["rows"] == rows and stream.stats["refills"] == len(requests) - rows
     assert stream.stats["request_rounds"] == sum(r.stats["rounds"] for r in results)
+    assert stream.stats["loop"] == "host"   # the CPU runs the host loop
     for res in results:
         expected = _alone(dec, requests[res.index], **kw)
         assert (res.token_ids, res.text, res.finish_reason) == expected, res.index
