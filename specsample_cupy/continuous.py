@@ -289,7 +289,7 @@ class _Run:
         self.streams.restart(rows, [self.requests[i].seed for i in picks], self.loop.round)
         if isinstance(self.loop, DeviceRounds):   # the rows' state and prefill enqueued behind the rounds
             self.loop.refill(rows, temperatures=None if self.greedy else self.temps[rows],
-                             warps=self._device_warps())
+                             truncated=bool(self.truncation), warps=self._device_warps())
         else:
             self.loop.temperature = self._temperature()
             self._prefill_rows(rows, [self.prompt_ids[i] for i in picks])

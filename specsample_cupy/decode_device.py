@@ -295,17 +295,8 @@ class _RoundBuffers:
         draws = dict(temperature=1.0 if per_row else temperature, seed=seed & (2 ** 64 - 1),
                      temps=temperature.data.ptr if per_row else 0,
                      streams=0 if stream_base is None else stream_base.data.ptr)
-        self.logprobs, self.truncation = logprobs, warps
-        if warps is None and logprobs:   # logprobs need the rows' statistics: warp_rows, nothing truncated
-            with stream:
-                warps = off_warps(cupy, B)
-        self.warps = warps   # verify()'s and the target steps' samplers' (built once per call)
-        sampled = self.warps if self.G == 0 else self.truncation   # what the sampling kernels read
-        record = 0
-        if sampled is not None:
-            if self.row_warps is None:
-                self.row_warps = kernels.RowWarps(self._dtype_name, B, self.V, cupy.cuda.runtime.getDevice())
-            record = self.row_warps.record.data.ptr
+        self.logprobs = logprobs
+        self.set_warps(warps, stream)
         seq = host["seq"].reshape(B, self.P)
         seq[:, :req.seq.shape[1]] = req.seq
         seq[:, req.seq.shape[1]:] = pad_id
@@ -322,7 +313,7 @@ class _RoundBuffers:
         cupy.cuda.runtime.memcpyAsync(self.state.data.ptr, self.host_state.ctypes.data, self.host_state.nbytes,
                                       1, stream.ptr)
         if self.G == 0:
-            self.target_launch.set(**draws, pad_id=pad_id, pos_limit=pos_limit, warp_record=record)
+            self.target_launch.set(**draws, pad_id=pad_id, pos_limit=pos_limit)
             live = ~req.finished
             feed = np.zeros(2 * B + B * (self.C + 1), np.int64)
             feed[:B] = np.where(live, req.last_tokens(), pad_id)
@@ -333,13 +324,33 @@ class _RoundBuffers:
             self.target_steps[1].feed.set(feed, stream=stream)
             return
         for launch in self.step_launches:
-            launch.set(**draws, pos_limit=pos_limit, warp_record=record)
+            launch.set(**draws, pos_limit=pos_limit)
         if self.ngram_feed_launch is not None:
             self.ngram_feed_launch.set(pos_limit=pos_limit)
         done = self.done_launch
         done.commit.words = 0
         done(stream, pad_id=pad_id, pos_limit=pos_limit, verify_out=self.no_verify.data.ptr, target_cols=0,
              report=self.first_report.data.ptr, G=gamma, gamma_next=gamma, verify_lp=0, lp_out=0)
+
+    def set_warps(self, warps, stream) -> None:
+        """The call's truncation from now on (None: none; start(), and continuous batching's refills,
+        whose new temperatures change min-p's span): verify()'s warps and the sampling kernels' warp
+        record (warp_rows over the rows they sample). logprobs need the rows' statistics, so target
+        steps then run warp_rows with nothing truncated."""
+        import cupy
+        self.truncation = warps
+        if warps is None and self.logprobs:
+            with stream:
+                warps = off_warps(cupy, self.B)
+        self.warps = warps   # verify()'s and the target steps' samplers' (built once per setting)
+        sampled = self.warps if self.G == 0 else self.truncation   # what the sampling kernels read
+        record = 0
+        if sampled is not None:
+            if self.row_warps is None:
+                self.row_warps = kernels.RowWarps(self._dtype_name, self.B, self.V, cupy.cuda.runtime.getDevice())
+            record = self.row_warps.record.data.ptr
+        for launch in [self.target_launch] if self.G == 0 else self.step_launches:
+            launch.set(warp_record=record)
 
     def logprobs_slot(self, r: int) -> int:
         """Where round r's kernels write its tokens' log-probabilities (0: not asked for)."""
@@ -689,13 +700,14 @@ class DeviceRounds:
         """The next round to be enqueued: the first that a row refilled now takes part in."""
         return self.enqueued
 
-    def refill(self, rows, temperatures=None, warps=None) -> None:
+    def refill(self, rows, temperatures=None, truncated=False, warps=None) -> None:
         """Rows `rows` start the requests the host has just put in them (req.refill(), and
         streams.restart() at self.round): from round self.round on, on the device too. Enqueued
         behind the rounds in flight, with no wait: the rows' state, random streams and temperatures
         (temperatures: theirs, when the loop's temperature is per row), their prompts but the last
         token into both caches (prefill runs whose attention mask is the device's slot mask), then
-        the next round's feeds. warps: the call's truncation rebuilt for the new temperatures."""
+        the next round's feeds. truncated: the call truncates (top-k / top-p / min-p), and warps is
+        its truncation rebuilt for the rows' temperatures now (None where no row truncates)."""
         import cupy
         rows = np.asarray(rows, np.int64)
         req, buf, B, n = self.req, self.buf, self.B, len(rows)
@@ -728,8 +740,8 @@ class DeviceRounds:
                 self._stream_base[at_rows, 1] = part(5)
             if temperatures is not None:
                 self.temperature[at_rows] = part(8).view(cupy.float64)
-            if warps is not None:
-                buf.truncation = buf.warps = warps
+            if truncated:
+                buf.set_warps(warps, self.stream)
             self._prefill_rows(rows)
             if self.cap == 0:   # the next target step's feed for these rows: their last token, their slots
                 C = self.tc.capacity

@@ -75,3 +75,17 @@ def test_stop_strings_end_rows_that_are_refilled_on_the_device_loop(pair):
         assert stream.stats["loop"] == name
     assert by_loop["device"] == by_loop["host"]
     assert any(reason == "stop" for _, reason in by_loop["device"].values())
+
+
+def test_truncation_starts_when_the_first_sampled_request_takes_a_row(pair):
+    """The first rows are greedy, so min-p truncates nothing and the loop starts without warps;
+    sampled requests that come later are truncated from their refill on, drafts included."""
+    dec = SpeculativeDecoder(*pair, device="cuda")
+    requests = _requests(10, [0.9], seed=11)
+    for r in requests[:3]:
+        r.temperature = 0.0
+    kw = dict(gamma=3, min_p=0.1)
+    stream = dec.generate_stream(requests, 3, **kw)
+    results = list(stream)
+    assert stream.stats["loop"] == "device"
+    _each_alone(dec, requests, results, **kw)
