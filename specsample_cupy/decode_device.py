@@ -327,10 +327,17 @@ class _RoundBuffers:
             launch.set(**draws, pos_limit=pos_limit)
         if self.ngram_feed_launch is not None:
             self.ngram_feed_launch.set(pos_limit=pos_limit)
+        self.done_launch.set(pad_id=pad_id, pos_limit=pos_limit)
+        self.prepare_round(stream, gamma)
+
+    def prepare_round(self, stream, gamma: int) -> None:
+        """round_done with nothing emitted: every row's draft length and first draft feed for a round
+        of gamma drafts, from the state as it is (a call's start, or rows just refilled; rows already
+        prepared get the same again)."""
         done = self.done_launch
         done.commit.words = 0
-        done(stream, pad_id=pad_id, pos_limit=pos_limit, verify_out=self.no_verify.data.ptr, target_cols=0,
-             report=self.first_report.data.ptr, G=gamma, gamma_next=gamma, verify_lp=0, lp_out=0)
+        done(stream, verify_out=self.no_verify.data.ptr, L_target=0, target_cols=0, report=self.first_report.data.ptr,
+             G=gamma, gamma_next=gamma, verify_lp=0, lp_out=0)
 
     def set_warps(self, warps, stream) -> None:
         """The call's truncation from now on (None: none; start(), and continuous batching's refills,
@@ -751,12 +758,8 @@ class DeviceRounds:
                 feed_mask = feed[2 * B:].reshape(B, C + 1)
                 feed_mask[at_rows, :C] = self.masks["target"][at_rows]
                 feed_mask[at_rows, C] = 1
-            else:   # round_done with nothing emitted: every row's first draft feed and draft length
-                gamma = self.gammas[self.enqueued]
-                done = buf.done_launch
-                done.commit.words = 0
-                done(self.stream, verify_out=buf.no_verify.data.ptr, L_target=0, target_cols=0,
-                     report=buf.first_report.data.ptr, G=gamma, gamma_next=gamma, verify_lp=0, lp_out=0)
+            else:
+                buf.prepare_round(self.stream, self.gammas[self.enqueued])
 
     def _seeds(self, rows) -> np.ndarray:
         """The seeds of these rows' requests (0 without per-request streams)."""
@@ -768,17 +771,10 @@ class DeviceRounds:
         req, only = self.req, np.zeros(self.B, bool)
         only[rows] = True
         runs = [(self.target, self.tc, "target")] + ([(self.draft, self.dc, "draft")] if self.dc is not None else [])
-        fed = np.zeros(self.B, np.int64)
-        while True:
-            upto = np.where(only, np.minimum(req.seq_len - 1, fed + self.dec.prefill_chunk), fed)
-            todo = upto > fed
-            if not todo.any():
-                return
-            ids, new_mask, positions = req.columns(fed, upto, rows=todo)
+        for ids, new_mask, positions in req.prefill_chunks(np.zeros(self.B, np.int64), self.dec.prefill_chunk, only):
             self._compact_full_caches(new_mask.shape[1])
             for session, cache, role in runs:
                 session.forward(cache, ids, new_mask, positions, device_mask=self.masks[role])
-            fed = upto
 
     def _can_run_ahead(self, r: int) -> bool:
         """Whether round r + 1 is needed whatever round r (in flight) emits, bar an EOS: some unfinished

@@ -451,13 +451,6 @@ class SpeculativeDecoder:
         round starts by feeding the last token so far. The caches start empty and take the same columns,
         so each chunk's feeds are built once, and the models' runs alternate. only: [B] bool, the rows
         to prefill (rows that start over while the others keep their caches); default all."""
-        first_cache = runs[0][1]
-        while True:
-            n_real = first_cache.n_real
-            upto = np.minimum(req.seq_len - 1, n_real + self.prefill_chunk)
-            rows = upto > n_real if only is None else (upto > n_real) & only
-            if not rows.any():
-                return
-            columns = req.columns(n_real, upto, rows=rows)
+        for columns in req.prefill_chunks(runs[0][1].n_real, self.prefill_chunk, only):
             for session, cache in runs:
                 session.forward(cache, *columns)

@@ -128,9 +128,10 @@ def acceptance_uniform(bits, xp=np):
     return (bits >> xp.uint32(8)).astype(xp.float64) * 2.0 ** -24
 
 
-def race_exponential(bits, xp=np):
-    """Exp(1) variates -log(U) with U = ((bits >> 9) + 0.5) * 2^-23 in (0, 1), exact in float32."""
-    u = (bits >> xp.uint32(9)).astype(xp.float64)
+def race_exponential(bits, xp=np, dtype=np.float64):
+    """Exp(1) variates -log(U) with U = ((bits >> 9) + 0.5) * 2^-23 in (0, 1), exact in float32;
+    computed in dtype (float32: the CPU reference's float32 race keys)."""
+    u = (bits >> xp.uint32(9)).astype(dtype)
     u += 0.5                                  # in place: the same values without new arrays
     u *= 2.0 ** -23
     xp.log(u, out=u)

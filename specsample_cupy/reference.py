@@ -213,6 +213,12 @@ class _RowPool:
 SUM_SLACK = 2.0 ** -10
 
 
+def _float32_terms(x, top, scratch):
+    """exp(max(x - top, -87)) in float32, in scratch (SUM_SLACK's comment says why -87)."""
+    w = np.maximum(np.subtract(x, top, out=scratch), -87.0, out=scratch)
+    return np.exp(w, out=w)
+
+
 def _softmax_bounds(x, top, col, scratch):
     """(lo, hi) around the softmax weight of entry col of a float32 row x [V] at temperature 1, top
     its max (finite): (0, t) from its exact term t alone (the sum is at least 1), or with scratch
@@ -223,8 +229,7 @@ def _softmax_bounds(x, top, col, scratch):
     t = float(np.exp(t, out=t)[0])
     if scratch is None:
         return 0.0, t
-    np.maximum(np.subtract(x, top, out=scratch), -87.0, out=scratch)
-    s = float(np.add.reduce(np.exp(scratch, out=scratch)))
+    s = float(np.add.reduce(_float32_terms(x, top, scratch)))
     return t / (s * (1 + SUM_SLACK)), t / (s * (1 - SUM_SLACK))
 
 
@@ -238,13 +243,8 @@ def _softmax_race(x, top, bits, scratch):
     times the row's sum. So an entry whose key exceeds all others by more than SUM_SLACK wins in
     float64 too, with a positive weight (its key is at least the max entry's, 1 / e >= 1 / 16.6,
     far above any entry clamped at -87)."""
-    w = np.maximum(np.subtract(x, top, out=scratch), -87.0, out=scratch)
-    np.exp(w, out=w)
-    e = (bits >> np.uint32(9)).astype(np.float32)
-    e += 0.5
-    e *= 2.0 ** -23
-    np.negative(np.log(e, out=e), out=e)
-    key = np.divide(w, e, out=e)
+    e = race_exponential(bits, dtype=np.float32)
+    key = np.divide(_float32_terms(x, top, scratch), e, out=e)
     best = key.argmax()
     return int(best) if np.count_nonzero(key >= key[best] * (1 - SUM_SLACK)) == 1 else -1
 
@@ -469,7 +469,6 @@ def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed,
 
     b = np.arange(B)
     x = np.clip(draft_tokens, 0, V - 1).astype(np.int64)
-    pos = np.arange(G)
     draws = Streams(seed, offset, B, streams)
     u = acceptance_uniform(random_row_bits(*draws.of(b), 0, PURPOSE_ACCEPT, G))    # [B, G]
     sampled = (err == 0) & ~greedy                 # the requests whose weights are read

@@ -60,6 +60,18 @@ class Requests:
     def last_tokens(self) -> np.ndarray:
         return self.seq[np.arange(self.batch), self.seq_len - 1]
 
+    def prefill_chunks(self, n_cached: np.ndarray, chunk: int, only=None):
+        """The columns (columns()) of each prefill run: row b's tokens from n_cached[b] up to all but
+        its last, at most `chunk` per run, for the rows `only` ([B] bool; default all)."""
+        n_cached = np.array(n_cached, np.int64)
+        while True:
+            upto = np.minimum(self.seq_len - 1, n_cached + chunk)
+            rows = upto > n_cached if only is None else (upto > n_cached) & only
+            if not rows.any():
+                return
+            yield self.columns(n_cached, upto, rows=rows)
+            n_cached = np.where(rows, upto, n_cached)
+
     def columns(self, n_cached: np.ndarray, upto: np.ndarray, rows: np.ndarray):
         """Input columns that feed row b its tokens seq[b, n_cached[b]:upto[b]] (rows where `rows` is set),
         right-aligned like left padding; other slots are holes. Returns host (ids, mask, positions) [B, S]."""
