@@ -28,7 +28,7 @@ for V in (37, 1024):
     for dtype in ("float32", "float16"):
         for method, probs in (("exact", False), ("exact", True), ("sigmoid", False), ("sigmoid-paper", False),
                               ("greedy", False), ("greedy", True), ("exact-onehot", False),
-                              ("exact-warped", False)):
+                              ("exact-warped", False), ("exact-min-p", False)):
             if (args.method and method != args.method) or (args.dtype and dtype != args.dtype):
                 continue
             B, G = 6, 4
@@ -49,12 +49,15 @@ for V in (37, 1024):
             call = "exact" if method.startswith("exact") else method
             if method == "exact-warped":        # truncation: warp_rows.cu, then the warped mode
                 kw = dict(top_k=5, top_p=0.9, min_p=0.05)
+            if method == "exact-min-p":         # min-p alone: fused into verify.cu's P1
+                kw = dict(min_p=np.float32([0.05, 0.3, 0.0, 0.1, 0.5, 0.2]))
             cpu = verify(tokens, None if onehot else d16.astype(np.float32), t16.astype(np.float32), method=call,
                          probs=probs, seed=1, draft_lengths=lengths, **kw)
             for plan in plans:
                 gpu = verify(cp.asarray(tokens), None if onehot else cp.asarray(d16), cp.asarray(t16), method=call,
                              probs=probs,
-                             seed=1, draft_lengths=cp.asarray(lengths), plan=plan, **kw)
+                             seed=1, draft_lengths=cp.asarray(lengths), plan=plan,
+                             **{k: cp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()})
                 mismatch = any((getattr(gpu, f).get() != getattr(cpu, f)).any()
                                for f in ("tokens", "accepted", "emitted", "error"))
                 print(f"V={V} {dtype} {method} probs={probs} grid={plan.grid}: {'MISMATCH' if mismatch else 'ok'}",

@@ -22,6 +22,16 @@
 //                      (sigmoid: after waiting for the request's P1 items, whose checks decide its
 //                      errors) and writes accepted / emitted / tokens / error, then zeroes the
 //                      request's counters.
+// SS_MODE_MIN_P (min-p truncation alone, fused): a P1 item's slice is one register load group, kept
+// while the row's slices agree on its maximum M (each publishes its own through an atomic max on
+// order-preserving keys and counts itself in on a per-row counter, then waits for the row's count);
+// then it sums exp((z - M) / T) over its entries with M - z <= span (warps.py's rule), from the
+// registers: the row is read once, as in plain exact. The wait is safe because a row's slices hold
+// consecutive tickets and the grid holds every slice of a row at once (the plan makes sure; below
+// that it does not wait), and bounded all the same (another kernel, MPS): a slice that stops
+// waiting sums against the largest maximum it has seen. The row's last slice to finish combines its
+// slices once (combine_kept: re-reading a slice whose sum used a smaller maximum, when that can
+// matter) and leaves the row's statistics for P2, which reads them instead of combining.
 // The race needs no prefix sum, so the residual is sampled by all slices in parallel and no
 // [gamma, V] probability, ratio or residual matrix is ever written. Requests' row n was read
 // moments before by P1, so its re-read hits L2.
@@ -48,6 +58,11 @@
 // Softmax of logits truncated by top-k / top-p / min-p: the rows' statistics and thresholds come
 // from warp_rows_kernel (warp_rows.cu), launched just before; there are no P1 items.
 #define SS_MODE_WARPED 4
+// Softmax of logits truncated by min-p alone, statistics fused into P1 (see the header).
+#define SS_MODE_MIN_P 5
+// How long a min-p slice waits for the rest of its row before going on with a provisional sum: polls
+// 64 ns of sleep apart (the sleep is approximate: tens of microseconds in all).
+#define SS_ROW_WAIT_POLLS 512
 
 // Per P2 slice: the race's two winners (key, index) and the paper residual's partial sum.
 #define SS_CAND 5
@@ -78,6 +93,20 @@ __device__ __forceinline__ void store_stat(int* p, SoftmaxStat s) {
 // only row pair it is needed for.
 __host__ __device__ constexpr bool is_sigmoid(int mode) {
   return mode == SS_MODE_SIGMOID || mode == SS_MODE_SIGMOID_PAPER;
+}
+// Modes whose rows are truncated: an entry z of row r weighs nothing when M_r - z > dmax_r.
+__host__ __device__ constexpr bool is_truncated(int mode) {
+  return mode == SS_MODE_WARPED || mode == SS_MODE_MIN_P;
+}
+
+// Order-preserving unsigned keys of floats (an atomic max over keys is a max over the floats); the
+// key 0 lies below every float's, so a zeroed counter starts below any maximum.
+__device__ __forceinline__ unsigned float_key(float f) {
+  const unsigned u = __float_as_uint(f);
+  return u ^ ((u >> 31) ? 0xffffffffu : 0x80000000u);
+}
+__device__ __forceinline__ float key_float(unsigned k) {
+  return __uint_as_float(k ^ ((k >> 31) ? 0x80000000u : 0xffffffffu));
 }
 
 // How partial row statistics combine: rescaled sums of exponentials, or plain sums of
@@ -119,6 +148,10 @@ struct Verifier {
   int *req_ctr, *fin_ctr, *err, *part, *cand;
   SoftmaxStat* rows;  // shared: the combined statistics of every row of the current P2 request
   const float* record;  // SS_MODE_WARPED: warp_rows_kernel's record of every row (warp_record.cuh)
+  const float* span;    // SS_MODE_MIN_P: [B] min-p spans (raw logit units, temperature included)
+  unsigned* row_key;    // SS_MODE_MIN_P: [B * R] the row's maximum so far (float_key)
+  int* row_cnt;         // SS_MODE_MIN_P: [B * R] the row's slices that have published their maximum
+  bool row_wait;        // SS_MODE_MIN_P: the grid holds a row's slices at once, so a slice waits for them
   int *accepted, *emitted, *error, *tokens;
 
   // Temperature rules (the same in specsample_cupy/reference.py): negative or non-finite, or 0 for
@@ -266,7 +299,66 @@ struct Verifier {
     st.m = MODE == SS_MODE_PROBS ? m : m * inv_t;
   }
 
-  __device__ __forceinline__ void phase1(int b, int r, int s, SoftmaxStat* red) const {
+  // ---- P1 of SS_MODE_MIN_P: the kept mass of one slice under the row's final maximum ----------
+  // The slice is one load group (the plan sizes C1 so), held in registers across the row's
+  // agreement on M (see the header). Partial: [M used (raw), kept mass against it, slice max (raw)].
+  __device__ __forceinline__ void scan_kept(const S* row, int b, int r, int lo, int hi, const Request& rq,
+                                            float* fred, int* sh, bool& bad) const {
+    constexpr int STEP = SS_THREADS * VEC;
+    float v[LOADS][VEC];
+    const int base = lo + threadIdx.x * VEC;
+#pragma unroll
+    for (int u = 0; u < LOADS; ++u) {
+      if (base + u * STEP < hi) {
+        load_vec<T, VEC>(row + base + u * STEP, v[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v[u][e] = -SS_INF;
+      }
+    }
+    float gm = -SS_INF;
+#pragma unroll
+    for (int u = 0; u < LOADS; ++u)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) gm = max_nan(gm, v[u][e]);
+    bad |= !(gm < SS_INF);
+    // A NaN flags the request (its statistics are never used); the maximum ignores it.
+    const float ms = block_reduce(gm == gm ? gm : -SS_INF, MaxFloat(), fred);
+    const long long row_id = (long long)b * R + r;
+    if (threadIdx.x == 0) {
+      atomicMax(row_key + row_id, float_key(ms));
+      publish_add(row_cnt + row_id, 1);
+      if (row_wait) {
+        for (int polls = 0; polls < SS_ROW_WAIT_POLLS && poll(row_cnt + row_id) < S1; ++polls) __nanosleep(64);
+        __threadfence();
+      }
+      sh[0] = (int)*(volatile unsigned*)(row_key + row_id);
+    }
+    __syncthreads();
+    const float M = key_float((unsigned)sh[0]);
+    const float sp = __ldg(span + b);
+    const float c = rq.inv_t * SS_LOG2E, mc = M * c;
+    float k = 0.f;
+#pragma unroll
+    for (int u = 0; u < LOADS; ++u)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) k += M - v[u][e] <= sp ? ex2_approx(fmaf(v[u][e], c, -mc)) : 0.f;
+    k = block_reduce(k, AddFloat(), fred);
+    if (threadIdx.x == 0) {
+      int* p = part + (row_id * S1 + (lo / C1)) * 3;
+      p[0] = __float_as_int(M); p[1] = __float_as_int(k); p[2] = __float_as_int(ms);
+      sh[1] = publish_add(row_cnt + row_id, 1) == 2 * S1 - 1;   // the row's last slice to finish?
+    }
+    __syncthreads();
+    // The last slice combines the row once, for every P2 block, and leaves the result in the
+    // row's first partial (P2 reads only that one).
+    if (sh[1] && threadIdx.x < 32) {
+      const SoftmaxStat st = combine_kept(b, r, rq, threadIdx.x);
+      if (threadIdx.x == 0) store_stat(part + row_id * S1 * 3, st);
+    }
+  }
+
+  __device__ __forceinline__ void phase1(int b, int r, int s, SoftmaxStat* red, int* sh) const {
     const Request rq = request(b);
     const bool is_target = r <= G;
     const int i = is_target ? r : r - G - 1;
@@ -275,12 +367,21 @@ struct Verifier {
       bool bad = false;
       const int lo = s * C1, hi = min(V, lo + C1);
       const S* row = is_target ? target_row(b, i) : draft_row(b, i);
-      if constexpr (is_sigmoid(MODE)) scan_slice<SCAN_CHECK>(row, lo, hi, rq.inv_t, st, bad);
-      else if (rq.greedy) scan_slice<SCAN_ARGMAX>(row, lo, hi, rq.inv_t, st, bad);
-      else scan_slice<SCAN_STATS>(row, lo, hi, rq.inv_t, st, bad);
+      if constexpr (MODE == SS_MODE_MIN_P) {
+        if (rq.greedy) scan_slice<SCAN_ARGMAX>(row, lo, hi, rq.inv_t, st, bad);
+        else scan_kept(row, b, r, lo, hi, rq, reinterpret_cast<float*>(red), sh, bad);
+      } else if constexpr (is_sigmoid(MODE)) {
+        scan_slice<SCAN_CHECK>(row, lo, hi, rq.inv_t, st, bad);
+      } else if (rq.greedy) {
+        scan_slice<SCAN_ARGMAX>(row, lo, hi, rq.inv_t, st, bad);
+      } else {
+        scan_slice<SCAN_STATS>(row, lo, hi, rq.inv_t, st, bad);
+      }
       flag_bad(bad, b, is_target ? SS_ERR_TARGET : SS_ERR_DRAFT);
-      st = block_reduce(st, Combine(), red);
-      if (threadIdx.x == 0) store_stat(part + ((long long)(b * R + r) * S1 + s) * 3, st);
+      if (MODE != SS_MODE_MIN_P || rq.greedy) {
+        st = block_reduce(st, Combine(), red);
+        if (threadIdx.x == 0) store_stat(part + ((long long)(b * R + r) * S1 + s) * 3, st);
+      }
     }
     // Only thread 0 wrote; its fence publishes the partial before the count that announces it.
     if (threadIdx.x == 0) {
@@ -303,6 +404,43 @@ struct Verifier {
     }
   }
 
+  // SS_MODE_MIN_P, one warp: row r's statistics from its slices' partials [M used, kept mass, slice
+  // max]. M is the largest M used (every slice's is at least its own maximum, and the slice holding
+  // the row's maximum used exactly that). A slice that used M contributes its sum; one whose maximum
+  // lies beyond the span below M contributes nothing; any other (it stopped waiting for its row
+  // early) is re-read here by the whole warp. st.arg carries M raw, for the kept tests.
+  __device__ __forceinline__ SoftmaxStat combine_kept(int b, int r, const Request& rq, int lane) const {
+    const int* rp = part + (long long)(b * R + r) * S1 * 3;
+    float M = -SS_INF;
+    for (int k = lane; k < S1; k += 32) M = fmaxf(M, __int_as_float(__ldcg(rp + 3 * k)));
+    M = warp_reduce(M, MaxFloat());
+    const float sp = __ldg(span + b);
+    const float c = rq.inv_t * SS_LOG2E, mc = M * c;
+    const S* row = r <= G ? target_row(b, r) : draft_row(b, r - G - 1);
+    float sum = 0.f;
+    for (int k0 = 0; k0 < S1; k0 += 32) {
+      const int k = k0 + lane;
+      bool again = false;
+      if (k < S1) {
+        const float used = __int_as_float(__ldcg(rp + 3 * k)), ms = __int_as_float(__ldcg(rp + 3 * k + 2));
+        if (used == M) sum += __int_as_float(__ldcg(rp + 3 * k + 1));
+        else again = !(M - ms > sp);
+      }
+      for (unsigned m = __ballot_sync(0xffffffffu, again); m; m &= m - 1) {
+        const int lo = (k0 + __ffs(m) - 1) * C1, hi = min(V, lo + C1);
+        for (int x = lo + lane; x < hi; x += 32) {
+          const float z = decode<T>(row[x]);
+          if (M - z <= sp) sum += ex2_approx(fmaf(z, c, -mc));
+        }
+      }
+    }
+    SoftmaxStat st;
+    st.m = M * rq.inv_t;
+    st.s = warp_reduce(sum, AddFloat());
+    st.arg = __float_as_int(M);
+    return st;
+  }
+
   // After the wait: combine each active row's slice statistics into shared memory, one warp per
   // row. Sets *no_mass when an active row has no probability mass (logits, sigmoid: no entry
   // > -inf; probabilities: the valid entries sum to 0).
@@ -318,6 +456,8 @@ struct Verifier {
         st.m = __ldcg(rec + SS_REC_M);
         st.s = __ldcg(rec + SS_REC_S);
         st.arg = __float_as_int(__ldcg(rec + SS_REC_ARG));
+      } else if (MODE == SS_MODE_MIN_P && !rq.greedy) {
+        if (lane == 0) st = load_stat(part + (long long)(b * R + r) * S1 * 3);   // combine_kept's, by P1
       } else {
         const int* rp = part + (long long)(b * R + r) * S1 * 3;
         for (int k = lane; k < S1; k += 32) st = Combine()(st, load_stat(rp + 3 * k));
@@ -342,7 +482,7 @@ struct Verifier {
   // ---- P2: acceptance and the race over one slice of the emitted row -------------------------
   // c = log2(e) / T, mc = log2(e) * m (m in scaled units), as in scan_slice.
   __device__ __forceinline__ float weight(float v, float inv_t, float c, float mc, float inv_s) const {
-    if constexpr (MODE == SS_MODE_LOGITS || MODE == SS_MODE_WARPED) return ex2_approx(fmaf(v, c, -mc)) * inv_s;
+    if constexpr (MODE == SS_MODE_LOGITS || is_truncated(MODE)) return ex2_approx(fmaf(v, c, -mc)) * inv_s;
     else if constexpr (MODE == SS_MODE_PROBS) return v * inv_s;
     else return sigma(v * inv_t);
   }
@@ -356,10 +496,21 @@ struct Verifier {
     bool in_range;
   };
 
-  // SS_MODE_WARPED: is raw value v of row r of request b inside the row's truncation?
+  // The truncated modes: row r of request b keeps raw value z iff M - z <= dmax (warps.py's rule).
+  __device__ __forceinline__ void row_limit(int b, int r, float& M, float& dmax) const {
+    if constexpr (MODE == SS_MODE_WARPED) {
+      const float* rec = record + (long long)(b * R + r) * SS_RECORD;
+      M = __ldcg(rec + SS_REC_MAX);
+      dmax = __ldcg(rec + SS_REC_DMAX);
+    } else {
+      M = __int_as_float(rows[r].arg);   // combine_kept's M
+      dmax = __ldg(span + b);
+    }
+  }
   __device__ __forceinline__ bool kept(int b, int r, float v) const {
-    const float* rec = record + (long long)(b * R + r) * SS_RECORD;
-    return __ldcg(rec + SS_REC_MAX) - v <= __ldcg(rec + SS_REC_DMAX);
+    float M, dmax;
+    row_limit(b, r, M, dmax);
+    return M - v <= dmax;
   }
 
   __device__ __forceinline__ Gathered gather(int b, int i, const Request& rq) const {
@@ -390,11 +541,11 @@ struct Verifier {
       const SoftmaxStat sp = rows[i];
       if (rq.greedy) return g.x == sp.arg;
       float p = MODE == SS_MODE_PROBS ? g.z / sp.s : expf(g.z - sp.m) / sp.s;
-      if (MODE == SS_MODE_WARPED && !kept(b, i, g.zr)) p = 0.f;
+      if (is_truncated(MODE) && !kept(b, i, g.zr)) p = 0.f;
       if (!draft) return p > 0.f && g.u <= p;   // one-hot draft: q(x) = 1
       const SoftmaxStat sq = rows[G + 1 + i];
       float q = MODE == SS_MODE_PROBS ? g.y / sq.s : expf(g.y - sq.m) / sq.s;
-      if (MODE == SS_MODE_WARPED && !kept(b, G + 1 + i, g.yr)) q = 0.f;
+      if (is_truncated(MODE) && !kept(b, G + 1 + i, g.yr)) q = 0.f;
       return p > 0.f && g.u * q <= p;
     }
   }
@@ -463,15 +614,11 @@ struct Verifier {
       const float inv_sp = 1.f / sp.s, inv_sq = 1.f / sq.s;
       const float c = rq.inv_t * SS_LOG2E;
       const float mcp = sp.m * SS_LOG2E, mcq = sq.m * SS_LOG2E;
-      // SS_MODE_WARPED: entries beyond a row's truncation weigh nothing (M - z > dmax).
+      // The truncated modes: entries beyond a row's truncation weigh nothing (M - z > dmax).
       float maxp = 0.f, dmaxp = SS_INF, maxq = 0.f, dmaxq = SS_INF;
-      if constexpr (MODE == SS_MODE_WARPED) {
-        const float* rp = record + (long long)(b * R + n) * SS_RECORD;
-        maxp = __ldcg(rp + SS_REC_MAX); dmaxp = __ldcg(rp + SS_REC_DMAX);
-        if (read_q) {
-          const float* rq_ = record + (long long)(b * R + G + 1 + n) * SS_RECORD;
-          maxq = __ldcg(rq_ + SS_REC_MAX); dmaxq = __ldcg(rq_ + SS_REC_DMAX);
-        }
+      if constexpr (is_truncated(MODE)) {
+        row_limit(b, n, maxp, dmaxp);
+        if (read_q) row_limit(b, G + 1 + n, maxq, dmaxq);
       }
       const int lo = s * C2, hi = min(V, lo + C2);
       for (int base = lo + threadIdx.x * VEC; base < hi; base += SS_THREADS * VEC) {
@@ -504,7 +651,7 @@ struct Verifier {
             } else {
               wp = weight(z[k], rq.inv_t, c, mcp, inv_sp);
               wq = read_q ? weight(y[k], rq.inv_t, c, mcq, inv_sq) : (base + k == xn ? 1.f : 0.f);
-              if constexpr (MODE == SS_MODE_WARPED) {
+              if constexpr (is_truncated(MODE)) {
                 if (maxp - z[k] > dmaxp) wp = 0.f;
                 if (read_q && maxq - y[k] > dmaxq) wq = 0.f;
               }
@@ -576,6 +723,9 @@ struct Verifier {
       req_ctr[b] = 0;
       err[b] = 0;
     }
+    if constexpr (MODE == SS_MODE_MIN_P) {   // every P1 item of b is done with them (they counted in)
+      for (int r = threadIdx.x; r < R; r += SS_THREADS) { row_key[(long long)b * R + r] = 0u; row_cnt[(long long)b * R + r] = 0; }
+    }
     __syncthreads();
     for (int i = threadIdx.x; i <= G; i += SS_THREADS) {
       int t = -1;
@@ -611,6 +761,11 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
   v.part = ws + part_off; v.cand = ws + cand_off;
   v.rows = reinterpret_cast<SoftmaxStat*>(dynamic_smem);
   v.record = record;
+  // SS_MODE_MIN_P: `record` is the [B] spans; the per-row counters follow the ticket.
+  v.span = record;
+  v.row_key = reinterpret_cast<unsigned*>(ws + 3 * B + 1);
+  v.row_cnt = ws + 3 * B + 1 + B * R;
+  v.row_wait = (int)gridDim.x >= S1;
   v.accepted = out; v.emitted = out + B; v.error = out + 2 * B; v.tokens = out + 3 * B;
   unsigned* ticket = reinterpret_cast<unsigned*>(ws + 3 * B);
 
@@ -644,7 +799,7 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
       const long long t = item - region_a - region_b;
       b = B + (int)(t / S2) - lag; k = t % S2; first_phase = false;
     }
-    if (first_phase) v.phase1(b, (int)(k / S1), (int)(k % S1), red_stat);
+    if (first_phase) v.phase1(b, (int)(k / S1), (int)(k % S1), red_stat, sh);
     else v.phase2(b, (int)k, red_race, sh);
     __syncthreads();  // shared flags and the ticket slot are reused by the next item
   }

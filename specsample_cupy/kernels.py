@@ -26,6 +26,7 @@ from specsample_cupy.kernel_runtime import codes_header, kernel_source
 
 MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, MODE_SIGMOID_PAPER = 0, 1, 2, 3
 MODE_WARPED = 4     # logits truncated by top-k / top-p / min-p (row statistics from warp_rows.cu)
+MODE_MIN_P = 5      # logits truncated by min-p alone (row statistics fused into verify.cu's P1)
 WARP_CLUSTER = 8    # warp_rows.cu's WR_CLUSTER: blocks per row, each holding a slice in shared memory
 WARP_THREADS = 256  # warp_rows.cu's WR_THREADS
 WARP_RECORD = 6     # warp_record.cuh's SS_RECORD: floats per row record
@@ -46,7 +47,7 @@ def all_name_expressions():
     for tag in _DTYPE_TAG.values():
         for token in _TOKEN_TYPE.values():
             for vec in (1, 16 // _ITEMSIZE[tag]):
-                for mode in (MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, MODE_SIGMOID_PAPER, MODE_WARPED):
+                for mode in (MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, MODE_SIGMOID_PAPER, MODE_WARPED, MODE_MIN_P):
                     out.append(name_expression(tag, token, vec, mode))
     return out
 
@@ -62,6 +63,7 @@ class PlanOptions:
         arrivals on a request's counter).
     p1_sweeps: sweeps per P1 item (one vocabulary slice of one row), forcing
         ceil(V / (p1_sweeps * THREADS * VEC)) slices per row; None sizes them from the occupancy.
+        Mode MODE_MIN_P holds a slice in registers: at most p1_group(VEC) sweeps (fewer are used).
     p2_sweeps: sweeps per P2 item (one slice of the emitted row), forcing that many P2 blocks per
         request likewise; None sizes them from the occupancy.
     lag_waves: how far, in waves of the grid, a request's P2 items follow its P1 items in the item
@@ -117,6 +119,11 @@ def _resident_blocks(device_id, name, lineinfo, shared_bytes):
     return max(per_sm, 1) * sms
 
 
+def p1_group(vec):
+    """Sweeps in one P1 load group of verify.cu (its LOADS for logits): a min-p slice's most."""
+    return 8 if vec == 4 else 4
+
+
 def _sweeps_per_item(total_sweeps, capacity, max_sweeps, min_sweeps):
     """Sweeps (THREADS * VEC) per work item: few enough items to fit one wave of the grid when the
     problem is small (latency: every load in flight at once), as much work per item as allowed
@@ -139,7 +146,10 @@ class _Plan:
         capacity = _resident_blocks(device_id, name, opts.lineinfo, self.shared_bytes)
         sweep = THREADS * vec
         sweeps = -(-V // sweep)
-        C1 = sweep * (opts.p1_sweeps or _sweeps_per_item(sweeps * B * R, capacity, opts.max_sweeps, opts.min_sweeps))
+        p1 = opts.p1_sweeps or _sweeps_per_item(sweeps * B * R, capacity, opts.max_sweeps, opts.min_sweeps)
+        if mode == MODE_MIN_P:    # a slice is held in registers while its row agrees on the maximum
+            p1 = min(p1, p1_group(vec))
+        C1 = sweep * p1
         S1 = -(-V // C1)
         if mode == MODE_WARPED:   # the statistics come from warp_rows.cu: no P1 items
             S1 = 0
@@ -160,7 +170,8 @@ class _Plan:
         lag = max(1, math.ceil(opts.lag_waves * auto_grid / per_request)) if opts.lag_waves > 0 else 0
         if items + grid >= 2 ** 31:
             raise ValueError(f"verify: {items} work items and {grid} blocks exceed the kernel's 31-bit ticket counter")
-        counters, part = 3 * B + 1, B * R * S1 * 3   # [req B | fin B | err B | ticket], partials
+        # [req B | fin B | err B | ticket | min-p: row max keys B R | row counts B R], partials
+        counters, part = 3 * B + 1 + (2 * B * R if mode == MODE_MIN_P else 0), B * R * S1 * 3
         self.workspace = cupy.zeros(counters + part + B * S2 * CAND_INTS, dtype=cupy.int32)
         self.err_ptr = self.workspace.data.ptr + 4 * 2 * B      # the per-request error bits
         self.record = cupy.empty(B * R * WARP_RECORD, cupy.float32) if mode == MODE_WARPED else None
@@ -173,7 +184,7 @@ class _Plan:
             c.c_uint64(), c.c_void_p(), c.c_uint64(), c.c_void_p(), c.c_void_p(), c.c_float(), c.c_float(),
             c.c_uint32(), *(c.c_int32(v) for v in (B, G, V, S1, C1, S2, C2, lag)),
             c.c_void_p(self.workspace.data.ptr), c.c_int64(counters), c.c_int64(counters + part),
-            c.c_void_p(0 if self.record is None else self.record.data.ptr), ("out", c.c_void_p())])
+            ("record", c.c_void_p(0 if self.record is None else self.record.data.ptr)), ("out", c.c_void_p())])
         self.warp = _WarpRows(tag, vec, B, G, V, device_id, self.err_ptr, self.record) \
             if mode == MODE_WARPED else None
         self.tag, self.B, self.G, self.V = tag, B, G, V
@@ -193,10 +204,12 @@ class _Plan:
                                                                     temps_ptr, temp_scalar, greedy),
                        logprobs=logprobs.data.ptr)
 
-    def __call__(self, stream, head, out):
-        """head: the 15 leading kernel arguments (pointers as ints); out: the output array. One locked
-        launch writes both, so threads sharing the plan (one stream) never mix their arguments."""
-        self.launch(stream, self.grid, THREADS, self.shared_bytes, leading=head, out=out.data.ptr)
+    def __call__(self, stream, head, out, span=None):
+        """head: the 15 leading kernel arguments (pointers as ints); out: the output array; span:
+        mode MODE_MIN_P's [B] float32 spans. One locked launch writes them all, so threads sharing
+        the plan (one stream) never mix their arguments."""
+        named = {} if span is None else {"record": span.data.ptr}
+        self.launch(stream, self.grid, THREADS, self.shared_bytes, leading=head, out=out.data.ptr, **named)
 
 
 PLAN_LIMIT = 256
@@ -312,8 +325,9 @@ def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scal
     options: PlanOptions (None: the default plan). seed/offset: ints, or one-element int64 CuPy
     arrays (read by the kernel when it runs). streams: None or a C-contiguous [B, 2] int64 CuPy
     array of per-request (seed, offset) (verify()'s argument; the kernel then ignores seed/offset).
-    warps: mode MODE_WARPED only: a specsample_cupy.warps.Warps of CuPy arrays; warp_rows.cu runs
-    first and writes every row's statistics and truncation.
+    warps: modes MODE_WARPED and MODE_MIN_P only: a specsample_cupy.warps.Warps of CuPy arrays;
+    MODE_WARPED runs warp_rows.cu first, which writes every row's statistics and truncation;
+    MODE_MIN_P reads warps.span alone (its top_k / top_p must be off: min_p_only()).
     logprobs: mode MODE_WARPED only: a float32 CuPy array of B * (G + 1) that gets the emitted tokens'
     log-probabilities (warp_rows.cu's emitted_logprobs_kernel, after the verification)."""
     import cupy
@@ -331,7 +345,8 @@ def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scal
                   float(temp_scalar or 0.0), int(bool(greedy)),
                   0 if seed_dev else int(seed) & 0xFFFFFFFFFFFFFFFF, seed.data.ptr if seed_dev else 0,
                   0 if offset_dev else int(offset) & 0xFFFFFFFFFFFFFFFF, offset.data.ptr if offset_dev else 0,
-                  _ptr(streams), float(sigmoid_offset), float(sigmoid_scale), int(race_purpose)), out)
+                  _ptr(streams), float(sigmoid_offset), float(sigmoid_scale), int(race_purpose)), out,
+         span=warps.span if mode == MODE_MIN_P else None)
     if logprobs is not None:
         plan.logprobs(stream, target.data.ptr, _ptr(temps), float(temp_scalar or 0.0), int(bool(greedy)), out,
                       logprobs)

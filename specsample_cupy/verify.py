@@ -451,7 +451,9 @@ def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
     kmode = {"logits": kernels.MODE_LOGITS, "probs": kernels.MODE_PROBS, "sigmoid": kernels.MODE_SIGMOID,
              "sigmoid-paper": kernels.MODE_SIGMOID_PAPER}[mode]
     if warps is not None:
-        kmode = kernels.MODE_WARPED
+        # min-p alone is fused into the verifier's own pass (no log-probabilities: those come with
+        # warp_rows.cu's row records); any other truncation runs warp_rows.cu first.
+        kmode = kernels.MODE_MIN_P if warps.min_p_only and not logprobs else kernels.MODE_WARPED
     out = lp = joint = None
     if logprobs:   # one allocation [result | log-probabilities]: a host loop reads both with one copy
         size = 3 * B + B * (G + 1)   # VerifyResult's layout

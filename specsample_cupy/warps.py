@@ -23,6 +23,13 @@ class Warps(NamedTuple):
     top_k: Any   # int32, 0 = off (values >= V arrive as 0)
     top_p: Any   # float32, 1 = off
     span: Any    # float32, +inf = off: the min-p span -T ln(min_p), temperature included
+    # Known on the host when built: top-k and top-p are off for every request, so the GPU verifier
+    # fuses the truncation (min-p alone) into its own pass over the rows.
+    min_p_only: bool = False
+
+    def select(self, index):
+        """These warps' arrays (NumPy) at `index` (rows of requests): one entry per row."""
+        return Warps(*(np.asarray(a)[index] for a in self[:3]), min_p_only=self.min_p_only)
 
 
 def _validate(arg, v):
@@ -93,7 +100,7 @@ def make_warps(xp, B, V, temps, temp_scalar, top_k=None, top_p=None, min_p=None)
         span = np.where((t > 0) & (t < np.inf) & (m > 0), s, np.float32(np.inf)).astype(np.float32)
     if not ((k > 0).any() or (p < 1).any() or (span < np.inf).any()):
         return None
-    return Warps(*(xp.asarray(a) for a in (k, p, span)))
+    return Warps(*(xp.asarray(a) for a in (k, p, span)), min_p_only=not ((k > 0).any() or (p < 1).any()))
 
 
 def build_warps(xp, B, V, temperature=1.0, *, top_k=None, top_p=None, min_p=None):
@@ -168,7 +175,7 @@ def apply_warps(z, temps, warps_rows):
     rows = np.flatnonzero((temps > 0) & (temps < np.inf))
     if rows.size:
         sub = z[rows]
-        M, dmax = row_thresholds(sub, temps[rows], Warps(*(np.asarray(a)[rows] for a in warps_rows)))
+        M, dmax = row_thresholds(sub, temps[rows], warps_rows.select(rows))
         with np.errstate(invalid="ignore", over="ignore"):
             sub[np.subtract(M[:, None], sub) > dmax[:, None]] = -np.inf
         z[rows] = sub
@@ -182,5 +189,5 @@ def warp_request_rows(x, temps, warps, rows):
     if not b.size:
         return x
     x = np.array(x, np.float32)
-    x[b, r] = apply_warps(x[b, r], np.asarray(temps, np.float64)[b], Warps(*(np.asarray(a)[b] for a in warps)))
+    x[b, r] = apply_warps(x[b, r], np.asarray(temps, np.float64)[b], warps.select(b))
     return x

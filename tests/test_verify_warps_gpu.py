@@ -7,7 +7,7 @@ import pytest
 
 from helpers_verify import merged_chisquare
 from specsample_cupy import verify
-from specsample_cupy.warps import Warps, make_warps, row_thresholds
+from specsample_cupy.warps import make_warps, row_thresholds
 
 pytestmark = pytest.mark.gpu
 P_MIN = 1e-4
@@ -43,12 +43,13 @@ def test_row_thresholds_match_the_reference(V, dtype, config, ties):
     tokens = rng.integers(0, V, (B, G)).astype(np.int32)
     kw = CONFIGS[config]
     args = (cp.asarray(tokens), cp.asarray(draft), cp.asarray(target))
-    verify(*args, temperature=T, seed=1, **kw).accepted.get()
+    # logprobs=True: warp_rows.cu runs for min-p alone too (without it min-p is fused into verify.cu)
+    verify(*args, temperature=T, seed=1, logprobs=True, **kw).accepted.get()
     plan, _ = kernels._plan(args[0], args[1], args[2], dtype, kernels.MODE_WARPED, None)
     record = plan.record.get().reshape(B, 2 * G + 1, kernels.WARP_RECORD)
     rows = np.concatenate([target, draft], 1).astype(np.float32)          # verify.cu's row order
     warps = make_warps(np, B, V, None, T, **kw)
-    per_row = Warps(*(np.repeat(np.asarray(a), 2 * G + 1) for a in warps))
+    per_row = warps.select(np.repeat(np.arange(B), 2 * G + 1))
     M, dmax = row_thresholds(rows.reshape(-1, V), np.full(B * (2 * G + 1), T), per_row)
     np.testing.assert_array_equal(record[..., 3].ravel(), M)
     got = record[..., 4].ravel()
