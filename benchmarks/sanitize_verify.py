@@ -21,7 +21,8 @@ ap.add_argument("dtype", nargs="?")
 ap.add_argument("--lineinfo", action="store_true", help="compile with --generate-line-info")
 args = ap.parse_args()
 plans = [PlanOptions(lineinfo=args.lineinfo), PlanOptions(lineinfo=args.lineinfo, grid=1),
-         PlanOptions(lineinfo=args.lineinfo, p1_sweeps=1, p2_sweeps=1, grid=1000)]
+         PlanOptions(lineinfo=args.lineinfo, p1_sweeps=1, p2_sweeps=1, grid=1000),
+         PlanOptions(lineinfo=args.lineinfo, p1_sweeps=16)]   # long P1 slices (min-p: candidate lists)
 rng = np.random.default_rng(0)
 bad = 0
 for V in (37, 1024):

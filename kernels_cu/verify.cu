@@ -63,6 +63,8 @@
 // How long a min-p slice waits for the rest of its row before going on with a provisional sum: polls
 // 64 ns of sleep apart (the sleep is approximate: tens of microseconds in all).
 #define SS_ROW_WAIT_POLLS 512
+// Candidates per warp in a min-p slice of several load groups (shared memory: 32 KB per block).
+#define SS_LIST 1024
 
 // Per P2 slice: the race's two winners (key, index) and the paper residual's partial sum.
 #define SS_CAND 5
@@ -152,6 +154,7 @@ struct Verifier {
   unsigned* row_key;    // SS_MODE_MIN_P: [B * R] the row's maximum so far (float_key)
   int* row_cnt;         // SS_MODE_MIN_P: [B * R] the row's slices that have published their maximum
   bool row_wait;        // SS_MODE_MIN_P: the grid holds a row's slices at once, so a slice waits for them
+  float* lists;         // SS_MODE_MIN_P: SS_WARPS lists of SS_LIST candidates (shared memory)
   int *accepted, *emitted, *error, *tokens;
 
   // Temperature rules (the same in specsample_cupy/reference.py): negative or non-finite, or 0 for
@@ -302,6 +305,56 @@ struct Verifier {
   // ---- P1 of SS_MODE_MIN_P: the kept mass of one slice under the row's final maximum ----------
   // The slice is one load group (the plan sizes C1 so), held in registers across the row's
   // agreement on M (see the header). Partial: [M used (raw), kept mass against it, slice max (raw)].
+  // The row's maximum M, given this slice's ms (block-uniform): with one slice per row, ms; else
+  // the row's slices agree on it (see the header).
+  __device__ __forceinline__ float agree_row_max(long long row_id, float ms, int* sh) const {
+    if (S1 == 1) return ms;
+    if (threadIdx.x == 0) {
+      atomicMax(row_key + row_id, float_key(ms));
+      publish_add(row_cnt + row_id, 1);
+      if (row_wait) {
+        for (int polls = 0; polls < SS_ROW_WAIT_POLLS && poll(row_cnt + row_id) < S1; ++polls) __nanosleep(64);
+        __threadfence();
+      }
+      sh[0] = (int)*(volatile unsigned*)(row_key + row_id);
+    }
+    __syncthreads();
+    return key_float((unsigned)sh[0]);
+  }
+
+  // Thread 0 publishes the slice's partial [M used, kept mass k, slice max ms]; the row's last slice
+  // to finish combines the row once, for every P2 block, and leaves the result in the row's first
+  // partial (P2 reads only that one). One slice per row: the partial is already the row's.
+  __device__ __forceinline__ void publish_kept(int b, int r, int lo, const Request& rq, float M, float ms, float k,
+                                               int* sh) const {
+    const long long row_id = (long long)b * R + r;
+    if (S1 == 1) {
+      if (threadIdx.x == 0) store_stat(part + row_id * 3, SoftmaxStat{M * rq.inv_t, k, __float_as_int(M)});
+      return;
+    }
+    if (threadIdx.x == 0) {
+      int* p = part + (row_id * S1 + (lo / C1)) * 3;
+      p[0] = __float_as_int(M); p[1] = __float_as_int(k); p[2] = __float_as_int(ms);
+      sh[1] = publish_add(row_cnt + row_id, 1) == 2 * S1 - 1;   // the row's last slice to finish?
+    }
+    __syncthreads();
+    if (sh[1] && threadIdx.x < 32) {
+      const SoftmaxStat st = combine_kept(b, r, rq, threadIdx.x);
+      if (threadIdx.x == 0) store_stat(part + row_id * S1 * 3, st);
+    }
+  }
+
+  // VEC entries at `at`, or -inf past the slice's end `hi`.
+  __device__ __forceinline__ void load_or_pad(const S* row, int at, int hi, float (&v)[VEC]) const {
+    if (at < hi) {
+      load_vec<T, VEC>(row + at, v);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v[e] = -SS_INF;
+    }
+  }
+
+  // A slice of one load group (C1 <= LOADS * STEP): held in registers across the agreement.
   __device__ __forceinline__ void scan_kept(const S* row, int b, int r, int lo, int hi, const Request& rq,
                                             float* fred, int* sh, bool& bad) const {
     constexpr int STEP = SS_THREADS * VEC;
@@ -324,18 +377,7 @@ struct Verifier {
     bad |= !(gm < SS_INF);
     // A NaN flags the request (its statistics are never used); the maximum ignores it.
     const float ms = block_reduce(gm == gm ? gm : -SS_INF, MaxFloat(), fred);
-    const long long row_id = (long long)b * R + r;
-    if (threadIdx.x == 0) {
-      atomicMax(row_key + row_id, float_key(ms));
-      publish_add(row_cnt + row_id, 1);
-      if (row_wait) {
-        for (int polls = 0; polls < SS_ROW_WAIT_POLLS && poll(row_cnt + row_id) < S1; ++polls) __nanosleep(64);
-        __threadfence();
-      }
-      sh[0] = (int)*(volatile unsigned*)(row_key + row_id);
-    }
-    __syncthreads();
-    const float M = key_float((unsigned)sh[0]);
+    const float M = agree_row_max((long long)b * R + r, ms, sh);
     const float sp = __ldg(span + b);
     const float c = rq.inv_t * SS_LOG2E, mc = M * c;
     float k = 0.f;
@@ -344,18 +386,86 @@ struct Verifier {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) k += M - v[u][e] <= sp ? ex2_approx(fmaf(v[u][e], c, -mc)) : 0.f;
     k = block_reduce(k, AddFloat(), fred);
-    if (threadIdx.x == 0) {
-      int* p = part + (row_id * S1 + (lo / C1)) * 3;
-      p[0] = __float_as_int(M); p[1] = __float_as_int(k); p[2] = __float_as_int(ms);
-      sh[1] = publish_add(row_cnt + row_id, 1) == 2 * S1 - 1;   // the row's last slice to finish?
+    publish_kept(b, r, lo, rq, M, ms, k, sh);
+  }
+
+  // A slice of several load groups: each warp keeps, in its own shared-memory list, the entries
+  // within the span of the warp's running maximum (a superset of the kept set: the row's maximum
+  // is at least that), appending by ballot with no atomics and no block barrier per group. A list
+  // about to overflow is compacted against the current maximum; if that does not free enough room
+  // the warp stops listing and re-reads its own entries once M is known. Then the kept mass is a
+  // pass over the lists.
+  __device__ __forceinline__ void scan_kept_lists(const S* row, int b, int r, int lo, int hi, const Request& rq,
+                                                  float* fred, int* sh, bool& bad) const {
+    constexpr int STEP = SS_THREADS * VEC;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const unsigned below = (1u << lane) - 1u;
+    const float sp = __ldg(span + b);
+    float* list = lists + warp * SS_LIST;
+    int n = 0;              // warp-uniform: entries in this warp's list
+    // Warp-uniform: the list overflowed; re-read at the end. min-p off for this request (span +inf)
+    // keeps every entry: no list, one re-read.
+    bool spilled = !(sp < SS_INF);
+    float wm = -SS_INF;     // warp-uniform running maximum (NaN ignored)
+    // One load per step, the next one issued before this one is listed (two in flight).
+    float cur[VEC], nxt[VEC];
+    int base = lo + threadIdx.x * VEC;
+    load_or_pad(row, base, hi, cur);
+    for (; base - threadIdx.x * VEC < hi; base += STEP) {
+      constexpr int ROOM = 32 * VEC;   // the most one step can add
+      if (!spilled && n + ROOM > SS_LIST) {   // compact against the maximum so far
+        __syncwarp();
+        int kept = 0;
+        for (int x0 = 0; x0 < n; x0 += 32) {
+          const float z = x0 + lane < n ? list[x0 + lane] : -SS_INF;
+          const bool keep = x0 + lane < n && wm - z <= sp;
+          const unsigned m = __ballot_sync(0xffffffffu, keep);
+          __syncwarp();
+          if (keep) list[kept + __popc(m & below)] = z;
+          kept += __popc(m);
+        }
+        n = kept;
+        spilled = n + ROOM > SS_LIST;
+        __syncwarp();
+      }
+      load_or_pad(row, base + STEP, hi, nxt);
+      float gm = cur[0];
+#pragma unroll
+      for (int e = 1; e < VEC; ++e) gm = max_nan(gm, cur[e]);
+      bad |= !(gm < SS_INF);
+      wm = fmaxf(wm, warp_reduce(gm == gm ? gm : -SS_INF, MaxFloat()));
+      if (!spilled) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const bool keep = wm - cur[e] <= sp;
+          const unsigned m = __ballot_sync(0xffffffffu, keep);
+          if (keep) list[n + __popc(m & below)] = cur[e];
+          n += __popc(m);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) cur[e] = nxt[e];
     }
-    __syncthreads();
-    // The last slice combines the row once, for every P2 block, and leaves the result in the
-    // row's first partial (P2 reads only that one).
-    if (sh[1] && threadIdx.x < 32) {
-      const SoftmaxStat st = combine_kept(b, r, rq, threadIdx.x);
-      if (threadIdx.x == 0) store_stat(part + row_id * S1 * 3, st);
+    __syncwarp();
+    const float ms = block_reduce(wm, MaxFloat(), fred);
+    const float M = agree_row_max((long long)b * R + r, ms, sh);
+    const float c = rq.inv_t * SS_LOG2E, mc = M * c;
+    float k = 0.f;
+    if (!spilled) {
+      for (int x = lane; x < n; x += 32) {
+        const float z = list[x];
+        if (M - z <= sp) k += ex2_approx(fmaf(z, c, -mc));
+      }
+    } else {   // this warp's own entries, again
+      for (int base = lo + threadIdx.x * VEC; base < hi; base += STEP) {
+        float z[VEC];
+        load_vec<T, VEC>(row + base, z);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) k += M - z[e] <= sp ? ex2_approx(fmaf(z[e], c, -mc)) : 0.f;
+      }
     }
+    k = block_reduce(k, AddFloat(), fred);
+    publish_kept(b, r, lo, rq, M, ms, k, sh);
   }
 
   __device__ __forceinline__ void phase1(int b, int r, int s, SoftmaxStat* red, int* sh) const {
@@ -369,7 +479,8 @@ struct Verifier {
       const S* row = is_target ? target_row(b, i) : draft_row(b, i);
       if constexpr (MODE == SS_MODE_MIN_P) {
         if (rq.greedy) scan_slice<SCAN_ARGMAX>(row, lo, hi, rq.inv_t, st, bad);
-        else scan_kept(row, b, r, lo, hi, rq, reinterpret_cast<float*>(red), sh, bad);
+        else if (C1 <= LOADS * SS_THREADS * VEC) scan_kept(row, b, r, lo, hi, rq, reinterpret_cast<float*>(red), sh, bad);
+        else scan_kept_lists(row, b, r, lo, hi, rq, reinterpret_cast<float*>(red), sh, bad);
       } else if constexpr (is_sigmoid(MODE)) {
         scan_slice<SCAN_CHECK>(row, lo, hi, rq.inv_t, st, bad);
       } else if (rq.greedy) {
@@ -760,6 +871,7 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
   v.req_ctr = ws; v.fin_ctr = ws + B; v.err = ws + 2 * B;
   v.part = ws + part_off; v.cand = ws + cand_off;
   v.rows = reinterpret_cast<SoftmaxStat*>(dynamic_smem);
+  v.lists = reinterpret_cast<float*>(dynamic_smem + ((3 * (2 * G + 1) + 3) & ~3));   // after the rows, 16-byte aligned
   v.record = record;
   // SS_MODE_MIN_P: `record` is the [B] spans; the per-row counters follow the ticket.
   v.span = record;

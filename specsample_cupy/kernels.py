@@ -31,6 +31,7 @@ WARP_CLUSTER = 8    # warp_rows.cu's WR_CLUSTER: blocks per row, each holding a 
 WARP_THREADS = 256  # warp_rows.cu's WR_THREADS
 WARP_RECORD = 6     # warp_record.cuh's SS_RECORD: floats per row record
 CAND_INTS = 5       # verify.cu's SS_CAND: ints per P2 slice's race candidates
+MIN_P_LIST = 1024   # verify.cu's SS_LIST: candidates per warp of a min-p slice of several load groups
 THREADS = 256
 _DTYPE_TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _TOKEN_TYPE = {"int32": "int", "int64": "long long"}
@@ -63,7 +64,6 @@ class PlanOptions:
         arrivals on a request's counter).
     p1_sweeps: sweeps per P1 item (one vocabulary slice of one row), forcing
         ceil(V / (p1_sweeps * THREADS * VEC)) slices per row; None sizes them from the occupancy.
-        Mode MODE_MIN_P holds a slice in registers: at most p1_group(VEC) sweeps (fewer are used).
     p2_sweeps: sweeps per P2 item (one slice of the emitted row), forcing that many P2 blocks per
         request likewise; None sizes them from the occupancy.
     lag_waves: how far, in waves of the grid, a request's P2 items follow its P1 items in the item
@@ -119,11 +119,6 @@ def _resident_blocks(device_id, name, lineinfo, shared_bytes):
     return max(per_sm, 1) * sms
 
 
-def p1_group(vec):
-    """Sweeps in one P1 load group of verify.cu (its LOADS for logits): a min-p slice's most."""
-    return 8 if vec == 4 else 4
-
-
 def _sweeps_per_item(total_sweeps, capacity, max_sweeps, min_sweeps):
     """Sweeps (THREADS * VEC) per work item: few enough items to fit one wave of the grid when the
     problem is small (latency: every load in flight at once), as much work per item as allowed
@@ -142,14 +137,13 @@ class _Plan:
         name = name_expression(tag, token, vec, mode)
         self.kern = _kernel(name, opts.lineinfo)
         R = 2 * G + 1                 # rows per request: gamma + 1 target rows, gamma draft rows
-        self.shared_bytes = R * 12    # dynamic: the combined statistics of one request's rows
+        # Dynamic: the combined statistics of one request's rows; min-p: then (16-byte aligned) 8 warps'
+        # candidate lists of MIN_P_LIST floats (verify.cu's SS_LIST).
+        self.shared_bytes = R * 12 if mode != MODE_MIN_P else (3 * R + 3) // 4 * 16 + 8 * MIN_P_LIST * 4
         capacity = _resident_blocks(device_id, name, opts.lineinfo, self.shared_bytes)
         sweep = THREADS * vec
         sweeps = -(-V // sweep)
-        p1 = opts.p1_sweeps or _sweeps_per_item(sweeps * B * R, capacity, opts.max_sweeps, opts.min_sweeps)
-        if mode == MODE_MIN_P:    # a slice is held in registers while its row agrees on the maximum
-            p1 = min(p1, p1_group(vec))
-        C1 = sweep * p1
+        C1 = sweep * (opts.p1_sweeps or _sweeps_per_item(sweeps * B * R, capacity, opts.max_sweeps, opts.min_sweeps))
         S1 = -(-V // C1)
         if mode == MODE_WARPED:   # the statistics come from warp_rows.cu: no P1 items
             S1 = 0
