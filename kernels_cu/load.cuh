@@ -24,8 +24,8 @@ __device__ __forceinline__ float max_nan(float a, float b) {
 }
 
 struct f32 { typedef float storage; };
-struct f16 { typedef unsigned short storage; };
-struct bf16 { typedef unsigned short storage; };
+struct f16 { typedef unsigned short storage; static constexpr unsigned short neg_inf_bits = 0xfc00; };
+struct bf16 { typedef unsigned short storage; static constexpr unsigned short neg_inf_bits = 0xff80; };
 
 template <class T> __device__ __forceinline__ float decode(typename T::storage v);
 template <> __device__ __forceinline__ float decode<f32>(float v) { return v; }
@@ -38,25 +38,48 @@ template <> __device__ __forceinline__ float decode<bf16>(unsigned short v) {
   return __uint_as_float(((unsigned)v) << 16);
 }
 
-// VEC consecutive elements starting at p (16-byte aligned when VEC > 1), as float.
+// VEC consecutive elements as loaded (one 16-byte word when VEC > 1), decoded later: a load in
+// flight holds four registers whatever the dtype.
 template <class T, int VEC>
-__device__ __forceinline__ void load_vec(const typename T::storage* p, float (&out)[VEC]) {
-  if constexpr (VEC == 1) {
-    out[0] = decode<T>(p[0]);
-  } else {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+struct RawVec {
+  uint4 w;
+  __device__ __forceinline__ void load(const typename T::storage* p) { w = *reinterpret_cast<const uint4*>(p); }
+  __device__ __forceinline__ void set_neg_inf() {   // every element -inf
+    unsigned x = 0xff800000u;
+    if constexpr (sizeof(typename T::storage) == 2) x = T::neg_inf_bits | ((unsigned)T::neg_inf_bits << 16);
+    w = make_uint4(x, x, x, x);
+  }
+  __device__ __forceinline__ void decode_to(float (&out)[VEC]) const {
+    const unsigned k4[4] = {w.x, w.y, w.z, w.w};
     if constexpr (sizeof(typename T::storage) == 4) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) out[k] = __uint_as_float(w[k]);
+      for (int k = 0; k < 4; ++k) out[k] = __uint_as_float(k4[k]);
     } else {
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        out[2 * k] = decode<T>((unsigned short)(w[k] & 0xffffu));
-        out[2 * k + 1] = decode<T>((unsigned short)(w[k] >> 16));
+        out[2 * k] = decode<T>((unsigned short)(k4[k] & 0xffffu));
+        out[2 * k + 1] = decode<T>((unsigned short)(k4[k] >> 16));
       }
     }
   }
+};
+template <class T>
+struct RawVec<T, 1> {
+  typename T::storage w;
+  __device__ __forceinline__ void load(const typename T::storage* p) { w = p[0]; }
+  __device__ __forceinline__ void set_neg_inf() {
+    if constexpr (sizeof(typename T::storage) == 4) w = __uint_as_float(0xff800000u);
+    else w = (typename T::storage)T::neg_inf_bits;
+  }
+  __device__ __forceinline__ void decode_to(float (&out)[1]) const { out[0] = decode<T>(w); }
+};
+
+// VEC consecutive elements starting at p (16-byte aligned when VEC > 1), as float.
+template <class T, int VEC>
+__device__ __forceinline__ void load_vec(const typename T::storage* p, float (&out)[VEC]) {
+  RawVec<T, VEC> raw;
+  raw.load(p);
+  raw.decode_to(out);
 }
 
 // VEC race variates for indices base .. base+VEC-1 (base a multiple of VEC).

@@ -65,6 +65,8 @@
 #define SS_ROW_WAIT_POLLS 512
 // Candidates per warp in a min-p slice of several load groups (shared memory: 32 KB per block).
 #define SS_LIST 1024
+// Loads in flight per thread in such a slice (float32: one fewer, for the registers).
+#define SS_AHEAD 4
 
 // Per P2 slice: the race's two winners (key, index) and the paper residual's partial sum.
 #define SS_CAND 5
@@ -344,16 +346,6 @@ struct Verifier {
     }
   }
 
-  // VEC entries at `at`, or -inf past the slice's end `hi`.
-  __device__ __forceinline__ void load_or_pad(const S* row, int at, int hi, float (&v)[VEC]) const {
-    if (at < hi) {
-      load_vec<T, VEC>(row + at, v);
-    } else {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) v[e] = -SS_INF;
-    }
-  }
-
   // A slice of one load group (C1 <= LOADS * STEP): held in registers across the agreement.
   __device__ __forceinline__ void scan_kept(const S* row, int b, int r, int lo, int hi, const Request& rq,
                                             float* fred, int* sh, bool& bad) const {
@@ -407,44 +399,57 @@ struct Verifier {
     // keeps every entry: no list, one re-read.
     bool spilled = !(sp < SS_INF);
     float wm = -SS_INF;     // warp-uniform running maximum (NaN ignored)
-    // One load per step, the next one issued before this one is listed (two in flight).
-    float cur[VEC], nxt[VEC];
-    int base = lo + threadIdx.x * VEC;
-    load_or_pad(row, base, hi, cur);
-    for (; base - threadIdx.x * VEC < hi; base += STEP) {
-      constexpr int ROOM = 32 * VEC;   // the most one step can add
-      if (!spilled && n + ROOM > SS_LIST) {   // compact against the maximum so far
-        __syncwarp();
-        int kept = 0;
-        for (int x0 = 0; x0 < n; x0 += 32) {
-          const float z = x0 + lane < n ? list[x0 + lane] : -SS_INF;
-          const bool keep = x0 + lane < n && wm - z <= sp;
-          const unsigned m = __ballot_sync(0xffffffffu, keep);
+    // One 16-byte load per step, AHEAD steps in flight (raw words, decoded when listed).
+    constexpr int AHEAD = sizeof(S) == 4 ? SS_AHEAD - 1 : SS_AHEAD;
+    RawVec<T, VEC> raw[AHEAD];
+    const int first = lo + threadIdx.x * VEC;
+    const int steps = (hi - lo + STEP - 1) / STEP;   // the same for every thread of the block
+#pragma unroll
+    for (int k = 0; k < AHEAD; ++k) {
+      if (first + k * STEP < hi) raw[k].load(row + first + k * STEP);
+      else raw[k].set_neg_inf();
+    }
+    for (int s0 = 0; s0 < steps; s0 += AHEAD) {
+#pragma unroll
+      for (int k = 0; k < AHEAD; ++k) {
+        const int step = s0 + k;
+        if (step >= steps) break;
+        constexpr int ROOM = 32 * VEC;   // the most one step can add
+        if (!spilled && n + ROOM > SS_LIST) {   // compact against the maximum so far
           __syncwarp();
-          if (keep) list[kept + __popc(m & below)] = z;
-          kept += __popc(m);
+          int kept = 0;
+          for (int x0 = 0; x0 < n; x0 += 32) {
+            const float z = x0 + lane < n ? list[x0 + lane] : -SS_INF;
+            const bool keep = x0 + lane < n && wm - z <= sp;
+            const unsigned m = __ballot_sync(0xffffffffu, keep);
+            __syncwarp();
+            if (keep) list[kept + __popc(m & below)] = z;
+            kept += __popc(m);
+          }
+          n = kept;
+          spilled = n + ROOM > SS_LIST;
+          __syncwarp();
         }
-        n = kept;
-        spilled = n + ROOM > SS_LIST;
-        __syncwarp();
-      }
-      load_or_pad(row, base + STEP, hi, nxt);
-      float gm = cur[0];
+        float cur[VEC];
+        raw[k].decode_to(cur);
+        const int ahead = first + (step + AHEAD) * STEP;
+        if (ahead < hi) raw[k].load(row + ahead);
+        else raw[k].set_neg_inf();
+        float gm = cur[0];
 #pragma unroll
-      for (int e = 1; e < VEC; ++e) gm = max_nan(gm, cur[e]);
-      bad |= !(gm < SS_INF);
-      wm = fmaxf(wm, warp_reduce(gm == gm ? gm : -SS_INF, MaxFloat()));
-      if (!spilled) {
+        for (int e = 1; e < VEC; ++e) gm = max_nan(gm, cur[e]);
+        bad |= !(gm < SS_INF);
+        wm = fmaxf(wm, warp_reduce(gm == gm ? gm : -SS_INF, MaxFloat()));
+        if (!spilled) {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const bool keep = wm - cur[e] <= sp;
-          const unsigned m = __ballot_sync(0xffffffffu, keep);
-          if (keep) list[n + __popc(m & below)] = cur[e];
-          n += __popc(m);
+          for (int e = 0; e < VEC; ++e) {
+            const bool keep = wm - cur[e] <= sp;
+            const unsigned m = __ballot_sync(0xffffffffu, keep);
+            if (keep) list[n + __popc(m & below)] = cur[e];
+            n += __popc(m);
+          }
         }
       }
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) cur[e] = nxt[e];
     }
     __syncwarp();
     const float ms = block_reduce(wm, MaxFloat(), fred);
