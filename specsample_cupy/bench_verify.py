@@ -152,7 +152,7 @@ def time_method(cp, method, inputs, reps, temperature=1.0):
     host time between the events."""
     from specsample_cupy.warps import build_warps
     stream = cp.cuda.get_current_stream()
-    tokens, _, target = _next_input(inputs, 0)
+    target = _next_input(inputs, 0)[2]
     spec = parse_method(method)[1]
     warps = build_warps(cp, target.shape[0], target.shape[2], temperature, **spec) if spec else None
     call = functools.partial(call_verify, warps=warps)

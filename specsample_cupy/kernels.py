@@ -321,7 +321,7 @@ def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scal
     array of per-request (seed, offset) (verify()'s argument; the kernel then ignores seed/offset).
     warps: modes MODE_WARPED and MODE_MIN_P only: a specsample_cupy.warps.Warps of CuPy arrays;
     MODE_WARPED runs warp_rows.cu first, which writes every row's statistics and truncation;
-    MODE_MIN_P reads warps.span alone (its top_k / top_p must be off: min_p_only()).
+    MODE_MIN_P reads warps.span alone (a warps.MinPWarps: top_k / top_p off).
     logprobs: mode MODE_WARPED only: a float32 CuPy array of B * (G + 1) that gets the emitted tokens'
     log-probabilities (warp_rows.cu's emitted_logprobs_kernel, after the verification)."""
     import cupy

@@ -5,7 +5,7 @@ import numpy as np
 
 from specsample_cupy import errors
 from specsample_cupy.philox import PURPOSE_RESIDUAL
-from specsample_cupy.warps import check_warps, make_warps, off_warps, warp_request_rows
+from specsample_cupy.warps import MinPWarps, check_warps, make_warps, off_warps, warp_request_rows
 
 # "sigmoid-paper" is method="sigmoid" with sigmoid_variant="paper" (one name for tables and the CLI).
 METHODS = ("exact", "sigmoid", "sigmoid-paper", "baseline", "greedy")
@@ -453,7 +453,7 @@ def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
     if warps is not None:
         # min-p alone is fused into the verifier's own pass (no log-probabilities: those come with
         # warp_rows.cu's row records); any other truncation runs warp_rows.cu first.
-        kmode = kernels.MODE_MIN_P if warps.min_p_only and not logprobs else kernels.MODE_WARPED
+        kmode = kernels.MODE_MIN_P if isinstance(warps, MinPWarps) and not logprobs else kernels.MODE_WARPED
     out = lp = joint = None
     if logprobs:   # one allocation [result | log-probabilities]: a host loop reads both with one copy
         size = 3 * B + B * (G + 1)   # VerifyResult's layout

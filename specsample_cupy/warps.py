@@ -23,13 +23,18 @@ class Warps(NamedTuple):
     top_k: Any   # int32, 0 = off (values >= V arrive as 0)
     top_p: Any   # float32, 1 = off
     span: Any    # float32, +inf = off: the min-p span -T ln(min_p), temperature included
-    # Known on the host when built: top-k and top-p are off for every request, so the GPU verifier
-    # fuses the truncation (min-p alone) into its own pass over the rows.
-    min_p_only: bool = False
 
     def select(self, index):
         """These warps' arrays (NumPy) at `index` (rows of requests): one entry per row."""
-        return Warps(*(np.asarray(a)[index] for a in self[:3]), min_p_only=self.min_p_only)
+        return type(self)(*(np.asarray(a)[index] for a in self))
+
+
+class MinPWarps(Warps):
+    """Warps whose top-k and top-p are off for every request, as make_warps() (and build_warps())
+    found them on the host: the GPU verifier then fuses the truncation, min-p alone, into its own
+    pass over the rows. Only those functions make them; a Warps built by hand takes the general
+    path, whatever it holds."""
+    __slots__ = ()
 
 
 def _validate(arg, v):
@@ -100,7 +105,8 @@ def make_warps(xp, B, V, temps, temp_scalar, top_k=None, top_p=None, min_p=None)
         span = np.where((t > 0) & (t < np.inf) & (m > 0), s, np.float32(np.inf)).astype(np.float32)
     if not ((k > 0).any() or (p < 1).any() or (span < np.inf).any()):
         return None
-    return Warps(*(xp.asarray(a) for a in (k, p, span)), min_p_only=not ((k > 0).any() or (p < 1).any()))
+    kind = Warps if (k > 0).any() or (p < 1).any() else MinPWarps
+    return kind(*(xp.asarray(a) for a in (k, p, span)))
 
 
 def build_warps(xp, B, V, temperature=1.0, *, top_k=None, top_p=None, min_p=None):

@@ -9,7 +9,7 @@ import pytest
 
 from helpers_verify import sample_rows
 from specsample_cupy import errors, sample_tokens, verify
-from specsample_cupy.warps import Warps, apply_warps, build_warps, make_warps, row_thresholds
+from specsample_cupy.warps import MinPWarps, Warps, apply_warps, build_warps, make_warps, row_thresholds
 
 P_MIN = 1e-4
 NEG = -np.inf
@@ -200,6 +200,24 @@ def test_make_warps_values():
     assert w.span.tolist() == [np.float32(math.log(2)), np.inf, np.float32(0.5 * math.log(2))]  # T = 0: moot
     w = make_warps(np, 2, 10, None, 0.8, min_p=np.array([1.0, 0.0]), top_k=2.0)
     assert w.span.tolist() == [0.0, np.inf] and w.top_k.tolist() == [2, 2]
+
+
+def test_min_p_alone_builds_min_p_warps():
+    """The GPU verifier fuses min-p alone into its pass (warps.MinPWarps, only from make_warps);
+    any request with top-k or top-p on takes the two-kernel path. Off values (top_k >= V, top_p = 1)
+    count as off."""
+    def fused(**kw):
+        return isinstance(make_warps(np, 3, 10, None, 1.0, **kw), MinPWarps)
+    assert fused(min_p=0.1)
+    assert fused(min_p=np.array([0.1, 0.0, 0.2]), top_k=10, top_p=1.0)
+    assert not fused(min_p=0.1, top_k=np.array([0, 0, 4]))
+    assert not fused(min_p=0.1, top_p=np.array([1.0, 0.9, 1.0]))
+    assert not fused(top_p=0.9)
+    w = make_warps(np, 3, 10, None, 1.0, min_p=np.array([0.1, 0.0, 0.2]))
+    picked = w.select(np.array([2, 2, 0]))   # one entry per row, the kind kept
+    assert isinstance(picked, MinPWarps) and picked.span.tolist() == [w.span[2], w.span[2], w.span[0]]
+    assert picked.top_k.tolist() == [0, 0, 0] and picked.top_p.tolist() == [1, 1, 1]
+    assert not isinstance(Warps(w.top_k, w.top_p, w.span), MinPWarps)   # built by hand: the general path
 
 
 BAD = [("top_p", 0.0), ("top_p", 1.5), ("top_p", float("nan")), ("top_p", -0.2),
