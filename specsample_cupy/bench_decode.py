@@ -185,6 +185,12 @@ def plot(report: dict, path: str):
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+    plt.close(fig)
+    # A 64-colour palette: a few lines and labels lose nothing, and the committed plots stay small.
+    from PIL import Image
+    with Image.open(path) as im:
+        small = im.convert("RGB").quantize(colors=64)
+    small.save(path, optimize=True)
 
 
 def _gammas(text):

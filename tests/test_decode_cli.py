@@ -68,9 +68,12 @@ def test_bench_decode_table_and_json(pair, tmp_path):
 
     path = tmp_path / "bench.json"
     args = ["--max-new-tokens", "10", "--methods", "exact,greedy", "--gamma", "3", "--batch", "3", "--seeds", "2",
-            "--json", str(path)]
+            "--json", str(path), "--plot", str(tmp_path / "bench.png")]
     result = CliRunner().invoke(bench_decode, _models(pair) + args)
     assert result.exit_code == 0, result.output
+    from PIL import Image
+    with Image.open(tmp_path / "bench.png") as im:   # the plot, in a small palette
+        assert im.mode == "P" and im.size[0] > 300
     rows = json.loads(path.read_text())["runs"][0]["rows"]
     assert [(r["method"], r["gamma"]) for r in rows] == [("target", 0), ("exact", 3), ("greedy", 3)]
     # Speed-ups are target-only's wall over the method's, seed by seed, in the same run.
