@@ -388,6 +388,16 @@ class DeviceCost:
         self.model_s = model_s
         self.rest = LineCost(prior_ratio=0.05)
 
+    @property
+    def model_s(self):
+        """{gamma: model seconds of a round}, or None before calibration."""
+        return self._model_s
+
+    @model_s.setter
+    def model_s(self, value):
+        self._model_s = value
+        self._model = {}   # gammas (a tuple) -> their model seconds (an array): asked after every round
+
     def observe(self, gamma: int, seconds: float):
         self.rest.observe(gamma, seconds - self.model_s[gamma])
 
@@ -398,7 +408,10 @@ class DeviceCost:
         self.rest.load(state)
 
     def __call__(self, gammas):
-        model = np.array([self.model_s[int(g)] for g in gammas])
+        key = tuple(np.asarray(gammas).tolist())
+        model = self._model.get(key)
+        if model is None:
+            model = self._model[key] = np.array([self.model_s[int(g)] for g in key])
         rest = self.rest(gammas) if self.rest.w else 0.0
         return model + np.maximum(rest, 0.0)
 

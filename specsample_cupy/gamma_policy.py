@@ -122,6 +122,10 @@ class AutoGamma(FixedGamma):
 
     def __init__(self, gamma: int, gamma_min: int, gamma_max: int, cost):
         self.gamma, self.lo, self.cap, self.cost = int(np.clip(gamma, gamma_min, gamma_max)), gamma_min, gamma_max, cost
+        # The choices and their exponents, made once: choose() runs after every round the loop reads,
+        # on the host, and on a launch-bound pair the host sets the pace.
+        self.gammas = np.arange(gamma_min, gamma_max + 1)
+        self._powers = self.gammas[None, :] + 1.0
         self.successes = self.trials = self.live = None   # [B], sized by the first round observed
         self.pooled = None      # [2, B]: successes and trials of every round of the call, not forgotten
         self.measured = False   # whether any round has been observed
@@ -144,25 +148,29 @@ class AutoGamma(FixedGamma):
             rejected = proposing & (rnd.accepted < rnd.draft_len)   # a rejection ends a row's successes
             self.successes = np.where(proposing, FORGET * self.successes + acc, self.successes)
             self.trials = np.where(proposing, FORGET * self.trials + acc + rejected, self.trials)
-            self.pooled += np.stack([acc, acc + rejected])
+            self.pooled[0] += acc
+            self.pooled[1] += acc + rejected
             self.measured = True
         self.live = rnd.active
         if seconds is not None and seconds > 0:
             self.cost.observe(rnd.gamma, seconds)
         self.choose()
 
-    def _rates(self, gammas, alpha=None) -> np.ndarray:
+    def _rates(self, gammas, alpha=None, powers=None) -> np.ndarray:
+        """Expected tokens per second of the slowest live request for each of `gammas`; powers: their
+        gamma + 1 as a float [1, k] row (computed when None)."""
         alpha = self.alpha if alpha is None else alpha
         if self.live is not None and self.live.shape == alpha.shape and self.live.any():
             alpha = alpha[self.live]
         alpha = np.minimum(alpha, 0.999)[:, None]
-        tokens = ((1.0 - alpha ** (np.asarray(gammas, np.float64)[None, :] + 1.0)) / (1.0 - alpha)).min(axis=0)
+        if powers is None:
+            powers = np.asarray(gammas, np.float64)[None, :] + 1.0
+        tokens = ((1.0 - alpha ** powers) / (1.0 - alpha)).min(axis=0)
         return tokens / self.cost(gammas)
 
     def choose(self) -> None:
         """Set gamma to the best of [gamma_min, gamma_max] under the current estimates."""
-        gammas = np.arange(self.lo, self.cap + 1)
-        self.gamma = int(gammas[int(np.argmax(self._rates(gammas)))])
+        self.gamma = int(self.gammas[int(np.argmax(self._rates(self.gammas, powers=self._powers)))])
 
     def prefers_target_only(self) -> bool:
         """Whether a target-only step (gamma = 0) beats every gamma in range, by the call's pooled
@@ -170,8 +178,7 @@ class AutoGamma(FixedGamma):
         if not self.measured:
             return False
         alpha = self.pooled[0] / self.pooled[1]
-        gammas = np.arange(self.lo, self.cap + 1)
-        return bool(self._rates(np.array([0]), alpha)[0] > self._rates(gammas, alpha).max())
+        return bool(self._rates(np.array([0]), alpha)[0] > self._rates(self.gammas, alpha, self._powers).max())
 
     def state(self) -> dict:
         """What the next call of the same kind starts from: the costs (its acceptance starts from the

@@ -177,6 +177,38 @@ def test_auto_gamma_is_set_by_the_slowest_request():
     assert policy.gamma == gammas[np.argmax(expected_tokens(policy.alpha[0], gammas) / cost(gammas))]
 
 
+def test_auto_gamma_estimates_match_a_plain_reference():
+    """Rounds with finished rows and rows that proposed nothing: each request's forgotten acceptance
+    estimate, the pooled one and the chosen gamma, against the module docstring's rule in plain
+    Python (one request at a time)."""
+    from specsample_cupy.gamma_policy import FORGET, PRIOR_ALPHA, PRIOR_TRIALS
+    rng = np.random.default_rng(9)
+    cost = lambda g: 1.0 + 0.2 * np.asarray(g, float)   # noqa: E731
+    policy = AutoGamma(4, 1, 12, cost=cost)
+    B = 3
+    succ, trials = [PRIOR_ALPHA * PRIOR_TRIALS] * B, [PRIOR_TRIALS] * B
+    pooled = [[PRIOR_ALPHA * PRIOR_TRIALS] * B, [PRIOR_TRIALS] * B]
+    for _ in range(60):
+        g = policy.gamma
+        active = rng.random(B) < 0.8
+        draft_len = np.where(rng.random(B) < 0.2, 0, g)
+        accepted = np.minimum(rng.geometric(0.3, B) - 1, draft_len)
+        policy.observe(Round(active, draft_len, accepted, accepted + 1, g))
+        for b in range(B):
+            if active[b] and draft_len[b] > 0:
+                rejected = int(accepted[b] < draft_len[b])
+                succ[b] = FORGET * succ[b] + int(accepted[b])
+                trials[b] = FORGET * trials[b] + int(accepted[b]) + rejected
+                pooled[0][b] += int(accepted[b])
+                pooled[1][b] += int(accepted[b]) + rejected
+        np.testing.assert_allclose(policy.alpha, np.divide(succ, trials), rtol=1e-12)
+        np.testing.assert_allclose(policy.pooled, pooled, rtol=1e-12)
+        live = [b for b in range(B) if active[b]] or list(range(B))
+        rates = [min(expected_tokens(min(succ[b] / trials[b], 0.999), gg) for b in live) / cost(gg)
+                 for gg in range(1, 13)]
+        assert policy.gamma == 1 + int(np.argmax(rates))
+
+
 def test_auto_gamma_starts_each_call_from_the_prior_and_decides_on_pooled_acceptance():
     """A call's acceptance estimate starts from the prior (a loaded state brings the costs only), and
     the verdict on speculating at all uses every round of the call, not the forgotten estimate."""
@@ -225,3 +257,19 @@ def test_policy_arguments_are_checked():
         make_policy(3, "auto", 4, 2)
     with pytest.raises(ValueError, match="gamma mode"):
         make_policy(3, "sometimes", 1, 4)
+
+
+def test_device_cost_is_model_time_plus_the_fitted_rest():
+    """The device loop's cost: each gamma's calibrated model seconds plus the line fitted to what the
+    rounds took beyond them (never negative); a new calibration replaces the kept model seconds."""
+    from specsample_cupy.decode_device import DeviceCost
+    cost = DeviceCost(None)
+    cost.model_s = {g: 1e-3 * (1 + 0.3 * g) for g in range(13)}
+    gammas = np.arange(1, 13)
+    np.testing.assert_allclose(cost(gammas), [1e-3 * (1 + 0.3 * g) for g in gammas])
+    cost.observe(2, 1e-3 * 1.6 + 4e-4)
+    cost.observe(6, 1e-3 * 2.8 + 6e-4)     # the rest: 3e-4 + 5e-5 gamma
+    np.testing.assert_allclose(cost(gammas), [1e-3 * (1 + 0.3 * g) + 3e-4 + 5e-5 * g for g in gammas])
+    np.testing.assert_allclose(cost(np.array([0])), [1e-3 + 3e-4])
+    cost.model_s = {g: 2e-3 for g in range(13)}
+    np.testing.assert_allclose(cost(gammas), [2e-3 + 3e-4 + 5e-5 * g for g in gammas])
