@@ -22,16 +22,19 @@
 //                      (sigmoid: after waiting for the request's P1 items, whose checks decide its
 //                      errors) and writes accepted / emitted / tokens / error, then zeroes the
 //                      request's counters.
-// SS_MODE_MIN_P (min-p truncation alone, fused): a P1 item's slice is one register load group, kept
-// while the row's slices agree on its maximum M (each publishes its own through an atomic max on
-// order-preserving keys and counts itself in on a per-row counter, then waits for the row's count);
-// then it sums exp((z - M) / T) over its entries with M - z <= span (warps.py's rule), from the
-// registers: the row is read once, as in plain exact. The wait is safe because a row's slices hold
-// consecutive tickets and the grid holds every slice of a row at once (the plan makes sure; below
-// that it does not wait), and bounded all the same (another kernel, MPS): a slice that stops
-// waiting sums against the largest maximum it has seen. The row's last slice to finish combines its
-// slices once (combine_kept: re-reading a slice whose sum used a smaller maximum, when that can
-// matter) and leaves the row's statistics for P2, which reads them instead of combining.
+// SS_MODE_MIN_P (min-p truncation alone, fused): a P1 slice of one register load group (small
+// batches) is kept in registers while the row's slices agree on its maximum M (each publishes its
+// own through an atomic max on order-preserving keys and counts itself in on a per-row counter,
+// then waits for the row's count); then it sums exp((z - M) / T) over its entries with M - z <= span
+// (warps.py's rule) from the registers, so the row is read once, as in plain exact. A longer slice
+// (large batches give a block a whole row, and then no agreement is needed) keeps per warp a
+// shared-memory list of the entries within the span of the warp's running maximum and sums the
+// kept ones from it (scan_kept_lists). The wait relies on a row's slices holding consecutive
+// tickets and the grid holding every slice of a row at once (a slice does not wait when the grid
+// is smaller), and is bounded all the same (another kernel, MPS): a slice that stops waiting sums
+// against the largest maximum it has seen. The row's last slice to finish combines its slices once
+// (combine_kept: re-reading a slice whose sum used a smaller maximum, when that can matter) and
+// leaves the row's statistics for P2, which reads them instead of combining.
 // The race needs no prefix sum, so the residual is sampled by all slices in parallel and no
 // [gamma, V] probability, ratio or residual matrix is ever written. Requests' row n was read
 // moments before by P1, so its re-read hits L2.
@@ -40,7 +43,8 @@
 // MPS, a grid larger than the GPU holds): the only waits are P2 items (and sigmoid's finishing
 // block) waiting for P1 items of the same request, which come earlier in the item order and so
 // hold smaller tickets. A ticket is only ever held by a block that is running, and a P1 item never
-// waits, so every awaited item is in progress and finishes. Nothing waits for a P2 item. The
+// waits but for a bounded time (min-p's agreement), so every awaited item is in progress and
+// finishes. Nothing waits for a P2 item. The
 // ticket counter, like the per-request counters, is left at zero (the block that takes the last
 // ticket resets it), so a call needs no memset.
 #include "codes.cuh"
