@@ -216,6 +216,21 @@ struct Verifier {
     if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) atomicOr(err + b, code);
   }
 
+  // One P1 load group of this thread: LOADS loads of VEC entries, STEP apart from `base`; entries
+  // at or past the slice's end `hi` are `pad`.
+  __device__ __forceinline__ void load_group(const S* row, int base, int hi, float pad, float (&v)[LOADS][VEC]) const {
+    constexpr int STEP = SS_THREADS * VEC;
+#pragma unroll
+    for (int u = 0; u < LOADS; ++u) {
+      if (base + u * STEP < hi) {
+        load_vec<T, VEC>(row + base + u * STEP, v[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v[u][e] = pad;
+      }
+    }
+  }
+
   // ---- P1: checks and statistics of one vocabulary slice of one row --------------------------
   // Per element: a NaN-propagating max (so the NaN/+Inf check is one test per group of loads),
   // and for sampling rows one FFMA + ex2 + add (exp(x / T - m) = 2^(x c - m c) with
@@ -233,15 +248,7 @@ struct Verifier {
 #pragma unroll
         for (int u = 0; u < LOADS; ++u) load_vec<T, VEC>(row + base + u * STEP, v[u]);
       } else {
-#pragma unroll
-        for (int u = 0; u < LOADS; ++u) {
-          if (base + u * STEP < hi) {
-            load_vec<T, VEC>(row + base + u * STEP, v[u]);
-          } else {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) v[u][e] = MODE == SS_MODE_PROBS ? 0.f : -SS_INF;
-          }
-        }
+        load_group(row, base, hi, MODE == SS_MODE_PROBS ? 0.f : -SS_INF, v);
       }
       float gm = -SS_INF;
       int garg = 0x7fffffff;
@@ -353,18 +360,8 @@ struct Verifier {
   // A slice of one load group (C1 <= LOADS * STEP): held in registers across the agreement.
   __device__ __forceinline__ void scan_kept(const S* row, int b, int r, int lo, int hi, const Request& rq,
                                             float* fred, int* sh, bool& bad) const {
-    constexpr int STEP = SS_THREADS * VEC;
     float v[LOADS][VEC];
-    const int base = lo + threadIdx.x * VEC;
-#pragma unroll
-    for (int u = 0; u < LOADS; ++u) {
-      if (base + u * STEP < hi) {
-        load_vec<T, VEC>(row + base + u * STEP, v[u]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) v[u][e] = -SS_INF;
-      }
-    }
+    load_group(row, lo + threadIdx.x * VEC, hi, -SS_INF, v);
     float gm = -SS_INF;
 #pragma unroll
     for (int u = 0; u < LOADS; ++u)
