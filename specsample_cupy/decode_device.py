@@ -453,31 +453,6 @@ def calibrate_model_costs(decoder, buf: _RoundBuffers, gammas, replays: int = 5)
     return costs
 
 
-class _Staging:
-    """Page-locked host memory and its device twin, for small uploads enqueued behind work in flight
-    (a copy from pageable memory may wait for the stream). An upload first waits for the previous
-    one's copy and the work that read it (an event recorded after them): long done by then."""
-
-    def __init__(self):
-        self.host = self.device = self.event = None
-
-    @contextlib.contextmanager
-    def upload(self, values: np.ndarray, stream):
-        """values (1-D) on the device, for the work enqueued inside the block."""
-        import cupy
-        if self.event is not None:
-            self.event.synchronize()
-        if self.host is None or self.host.nbytes < values.nbytes:
-            size = max(values.nbytes, 4096)
-            self.host = np.frombuffer(cupy.cuda.alloc_pinned_memory(size), np.uint8, size)
-            self.device = cupy.empty(size, cupy.uint8)
-        self.host[:values.nbytes] = values.view(np.uint8)
-        cupy.cuda.runtime.memcpyAsync(self.device.data.ptr, self.host.ctypes.data, values.nbytes, 1, stream.ptr)
-        yield self.device[:values.nbytes].view(values.dtype)
-        self.event = cupy.cuda.Event(disable_timing=True)
-        self.event.record(stream)
-
-
 class DeviceRounds:
     """The rounds of one generate() call, with the state on the device (module docstring).
 
@@ -523,7 +498,6 @@ class DeviceRounds:
                   warps=warps, logprobs=logprobs, stream_base=self._stream_base)
         # generate(logprobs=True): per request, one log-probability per token taken (as decode_host's).
         self.logprobs = [[] for _ in range(B)] if logprobs else None
-        self._staging = None   # refill()'s page-locked upload buffer
 
     def _upload_streams(self, streams):
         """[B, 2] int64 on the device, each row's (seed, offset base): the base makes a launch's offset
@@ -742,9 +716,8 @@ class DeviceRounds:
         packed = np.concatenate([rows, seq.ravel(), req.seq_len[rows], req.prompt_len[rows] + req.budget[rows],
                                  seeds, base, req.last_tokens()[rows], np.clip(req.seq_len[rows] - 1, 0, self.pos_limit),
                                  temps.view(np.int64)])
-        if self._staging is None:
-            self._staging = _Staging()
-        with self.stream, self._staging.upload(packed, self.stream) as up:
+        with self.stream:
+            up = self.dec.uploads.upload(packed, self.stream)
             at = np.cumsum([0, n, n * buf.P, n, n, n, n, n, n, n])
             part = lambda k: up[at[k]:at[k + 1]]
             at_rows = part(0)

@@ -204,9 +204,7 @@ class HostRounds:
                                           gamma=gamma, ngram_min=ngram_min, ngram_max=ngram_max)
         draft_len = draft_len.astype(np.int64)
         g = int(draft_len.max(initial=0))
-        # Not dec.upload(): its one staging buffer takes this round's draft lengths next, while the
-        # target run and verify() still have to read these tokens.
-        return dec.xp.asarray(np.ascontiguousarray(tokens[:, :g])), draft_len, None
+        return dec.upload(np.ascontiguousarray(tokens[:, :g])), draft_len, None
 
     def _target_step(self, r: int):
         """One target run, one sampled token per unfinished request."""

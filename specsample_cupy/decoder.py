@@ -24,6 +24,7 @@ from specsample_cupy.decode_stats import Clock, Totals, timed_runs
 from specsample_cupy.detokenize import TextAssembler
 from specsample_cupy.gamma_policy import REPROBE, make_policy
 from specsample_cupy.ngram import NGRAM, check_ngram_range
+from specsample_cupy.pinned import PinnedRing
 from specsample_cupy.requests import Requests
 from specsample_cupy.sessions import DecoderSession, ModelSpec, array_module, check_pair, cuda_available
 from specsample_cupy.sessions_static import StaticDecoderSession
@@ -31,6 +32,8 @@ from specsample_cupy.stop_strings import StopStrings, check_stop_strings
 from specsample_cupy.verify import METHODS as VERIFY_METHODS, ONEHOT_METHODS, SAMPLING_ONLY
 
 METHODS = VERIFY_METHODS + ("target",)
+# upload()'s slots: one is reused only after its copy ran (a few rounds later: at once).
+UPLOAD_SLOTS = 8
 
 
 def default_model_dir(role: str) -> Path:
@@ -140,20 +143,12 @@ class SpeculativeDecoder:
         return self.stream if self.stream is not None else contextlib.nullcontext()
 
     def upload(self, host: np.ndarray):
-        """A small host array on the device, copied asynchronously from page-locked memory (a copy from
-        pageable memory may wait for the stream's earlier work)."""
+        """A small host array on the device, for the work enqueued after it on the decoder's stream:
+        copied asynchronously from page-locked memory (pinned.PinnedRing; a copy from pageable memory
+        may wait for the stream's earlier work). On the CPU, the array itself."""
         if self.stream is None:
             return host
-        import cupy
-        if self._staging is None or self._staging[0].nbytes < host.nbytes:
-            size = max(host.nbytes, 4096)
-            pinned = np.frombuffer(cupy.cuda.alloc_pinned_memory(size), np.uint8, size)   # keeps it alive
-            self._staging = (pinned, cupy.empty(size, cupy.uint8))
-        pinned, device = self._staging
-        pinned[:host.nbytes] = np.ascontiguousarray(host).view(np.uint8).ravel()
-        # The previous round's copy from this staging memory finished before that round's result was read.
-        cupy.cuda.runtime.memcpyAsync(device.data.ptr, pinned.ctypes.data, host.nbytes, 1, self.stream.ptr)
-        return device[:host.nbytes].view(host.dtype).reshape(host.shape)
+        return self.uploads.upload(host, self.stream)
 
     def _open(self, spec, role, device_id, cuda_graphs):
         """A StaticDecoderSession (fixed bindings, CUDA-graph replay) where the device and the model allow
@@ -189,7 +184,8 @@ class SpeculativeDecoder:
         self.device = _pick_device(device)
         self.xp = array_module(self.device)
         self.cuda_graphs = {}   # role -> True, or why the model runs without CUDA graphs
-        self._events, self._staging = [], None   # the loops' reusable pieces
+        self._events = []   # the loops' reusable CUDA events
+        self.uploads = PinnedRing(UPLOAD_SLOTS)   # upload()'s page-locked slots, shared by both loops
         self._round_buffers = {}   # decode_device's buffers and launches, per shape
         self._model_costs = {}     # decode_device's calibrated per-round model costs, per plan
         self._auto_memory = {}     # gamma="auto": what calls measured, per (method, temperature, batch)

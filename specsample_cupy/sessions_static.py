@@ -32,6 +32,7 @@ import itertools
 import numpy as np
 
 from specsample_cupy import kernel_runtime
+from specsample_cupy.pinned import PinnedRing
 from specsample_cupy.sessions import DecoderSession, ModelSpec, run_options
 from specsample_cupy.sessions_cache import KVCache
 
@@ -40,7 +41,7 @@ CAPACITY_ROUND = 64       # capacities are rounded up so that repeated generate(
 MAX_PLANS = 4             # (batch, capacity) plans kept per session, each with its buffers and graphs
 RING_SLOTS = 64           # pinned feed slots; a slot is reused only after its copy has completed
 
-_H2D, _D2D = 1, 3         # cudaMemcpyKind
+_D2D = 3                  # cudaMemcpyKind
 
 
 class _WidenIds:
@@ -105,29 +106,6 @@ class StaticKVCache(KVCache):
         self.compactions += 1
 
 
-class _PinnedRing:
-    """Page-locked host slots for the per-run feeds, so their copies are truly asynchronous."""
-
-    def __init__(self, slot_elems: int):
-        import cupy
-        self.slot_elems = slot_elems
-        memory = cupy.cuda.alloc_pinned_memory(slot_elems * RING_SLOTS * 8)
-        self.array = np.frombuffer(memory, np.int64, slot_elems * RING_SLOTS)
-        self._memory = memory
-        self._events = [cupy.cuda.Event(disable_timing=True) for _ in range(RING_SLOTS)]
-        self._next = 0
-
-    def take(self, n: int):
-        """(slot index, int64 host view of n elements) whose previous copy has finished."""
-        i = self._next
-        self._next = (i + 1) % RING_SLOTS
-        self._events[i].synchronize()   # at once unless this slot's copy is still pending
-        return i, self.array[i * self.slot_elems:i * self.slot_elems + n]
-
-    def copied(self, i: int, stream):
-        self._events[i].record(stream)
-
-
 class _Step:
     """Buffers and IOBinding of runs with S new columns, bound once; graph_id -1 means not captured."""
 
@@ -169,7 +147,7 @@ class _Plan:
         with session.on_stream():
             self.cache = cupy.zeros((n, batch * H * capacity * D), session.kv_dtype)
             self.scratch = cupy.empty(n * batch * H * (capacity + MAX_GRAPH_STEPS) * D, session.kv_dtype)
-        self.ring = _PinnedRing(2 * batch * MAX_GRAPH_STEPS + batch * (capacity + MAX_GRAPH_STEPS))
+        self.ring = PinnedRing(RING_SLOTS)   # the runs' feeds, copied from page-locked memory
         self.steps: dict[int, _Step] = {}
 
 
@@ -231,23 +209,17 @@ class StaticDecoderSession(DecoderSession):
         n_feed = step.feed.size
         limit = (self.spec.context_length or np.iinfo(np.int64).max) - 1
         with self.on_stream():
-            if n_feed <= plan.ring.slot_elems:
-                slot, host = plan.ring.take(n_feed)
-            else:
-                slot, host = None, np.empty(n_feed, np.int64)
+            slot, raw = plan.ring.take(n_feed * 8)
+            host = raw[:n_feed * 8].view(np.int64)
             host[:batch * S] = np.asarray(input_ids).ravel()
             host[batch * S:2 * batch * S] = np.clip(positions, 0, limit).ravel()
             mask = host[2 * batch * S:].reshape(batch, C + S)
             mask[:, :length] = cache.mask if device_mask is None else 0
             mask[:, length:C] = 0
             mask[:, C:] = new_mask
-            cupy.cuda.runtime.memcpyAsync(step.feed.data.ptr, host.ctypes.data, host.nbytes, _H2D, stream.ptr)
+            plan.ring.send(slot, step.feed.data.ptr, host.nbytes, stream)
             if device_mask is not None:
                 step.feed[2 * batch * S:].reshape(batch, C + S)[:, :C] = device_mask
-            if slot is None:
-                stream.synchronize()   # the pageable host array goes out of scope
-            else:
-                plan.ring.copied(slot, stream)
             if device_ids is not None and device_ids.shape[1]:
                 dst = step.ids[:, S - device_ids.shape[1]:]
                 if device_ids.dtype == np.int32 and device_ids.strides[1] == 4:
