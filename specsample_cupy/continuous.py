@@ -239,12 +239,21 @@ class _Run:
         return 0.0 if self.greedy else self.dec.xp.array(self.temps)
 
     def _device_warps(self):
-        """The device loop's truncation at the rows' temperatures (min-p's span depends on them), or None."""
+        """The device loop's truncation at the rows' temperatures (min-p's span depends on them), or None.
+        Built on the host, where the temperatures are, and uploaded from page-locked memory into arrays
+        of its own: a refill neither reads the device back nor waits for the rounds in flight."""
         if not self.truncation:
             return None
         import cupy
-        from specsample_cupy.warps import build_warps
-        return build_warps(cupy, self.req.batch, self.dec.target.vocab_size, self._temperature(), **self.truncation)
+        from specsample_cupy.warps import make_warps
+        temps, scalar = (None, 0.0) if self.greedy else (np.asarray(self.temps, np.float32), None)
+        host = make_warps(np, self.req.batch, self.dec.target.vocab_size, temps, scalar, **self.truncation)
+        if host is None:
+            return None
+        stream = self.dec.stream
+        with stream:
+            arrays = [cupy.empty(a.shape, a.dtype) for a in host]
+        return type(host)(*(self.dec.uploads.upload(a, stream, out=d) for a, d in zip(host, arrays)))
 
     def _after_round(self, rnd) -> list[int]:
         """Hand the round's tokens on; the rows whose requests it finished (a rule or a stop string)."""

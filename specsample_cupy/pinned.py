@@ -47,13 +47,20 @@ class PinnedRing:
             self._events[slot] = cupy.cuda.Event(disable_timing=True)
         self._events[slot].record(stream)
 
-    def upload(self, values: np.ndarray, stream):
-        """`values` on the device (same dtype and shape) for the work enqueued after this on `stream`: a
-        view of the slot's device twin, valid until the ring comes round to the slot again."""
+    def upload(self, values: np.ndarray, stream, out=None):
+        """`values` on the device (same dtype and shape) for the work enqueued after this on `stream`:
+        copied into `out` (a C-contiguous CuPy array of as many bytes) when given, for arrays that
+        must outlive the ring's turn; else a view of the slot's device twin, valid until the ring
+        comes round to the slot again."""
         import cupy
         values = np.ascontiguousarray(values)
         i, host = self.take(values.nbytes)
         host[:values.nbytes] = values.view(np.uint8).ravel()
+        if out is not None:
+            if out.nbytes != values.nbytes or not out.flags.c_contiguous:
+                raise ValueError(f"out must be a C-contiguous array of {values.nbytes} bytes")
+            self.send(i, out.data.ptr, values.nbytes, stream)
+            return out
         if self._device[i] is None or self._device[i].nbytes < host.nbytes:
             with stream:   # CuPy's pool hands the memory out again only in this stream's order
                 self._device[i] = cupy.empty(host.nbytes, cupy.uint8)
