@@ -245,9 +245,9 @@ class _Run:
         if not self.truncation:
             return None
         import cupy
-        from specsample_cupy.warps import make_warps
-        temps, scalar = (None, 0.0) if self.greedy else (np.asarray(self.temps, np.float32), None)
-        host = make_warps(np, self.req.batch, self.dec.target.vocab_size, temps, scalar, **self.truncation)
+        from specsample_cupy.warps import build_warps
+        host = build_warps(np, self.req.batch, self.dec.target.vocab_size, 0.0 if self.greedy else self.temps,
+                           **self.truncation)
         if host is None:
             return None
         stream = self.dec.stream
