@@ -383,11 +383,14 @@ struct Verifier {
   }
 
   // A slice of several load groups: each warp keeps, in its own shared-memory list, the entries
-  // within the span of the warp's running maximum (a superset of the kept set: the row's maximum
-  // is at least that), appending by ballot with no atomics and no block barrier per group. A list
-  // about to overflow is compacted against the current maximum; if that does not free enough room
-  // the warp stops listing and re-reads its own entries once M is known. Then the kept mass is a
-  // pass over the lists.
+  // within the span of a running maximum (a superset of the kept set: the row's maximum is at least
+  // any of them), appending by ballot with no atomics and no block barrier per group. The bound is
+  // the larger of the thread's own running maximum and the warp's, which is refreshed once per
+  // AHEAD steps (one shuffle reduction per group of loads, not per load); one vote per step skips
+  // the appends when no lane of the warp holds a candidate, as for most steps once the maximum is
+  // near the row's. A list about to overflow is compacted against the warp's maximum; if that does
+  // not free enough room the warp stops listing and re-reads its own entries once M is known. Then
+  // the kept mass is a pass over the lists.
   __device__ __forceinline__ void scan_kept_lists(const S* row, int b, int r, int lo, int hi, const Request& rq,
                                                   float* fred, int* sh, bool& bad) const {
     constexpr int STEP = SS_THREADS * VEC;
@@ -399,9 +402,10 @@ struct Verifier {
     // Warp-uniform: the list overflowed; re-read at the end. min-p off for this request (span +inf)
     // keeps every entry: no list, one re-read.
     bool spilled = !(sp < SS_INF);
-    float wm = -SS_INF;     // warp-uniform running maximum (NaN ignored)
+    float tm = -SS_INF;     // this thread's running maximum (NaN ignored)
+    float wm = -SS_INF;     // warp-uniform: the warp's running maximum as of the last refresh
     // One 16-byte load per step, AHEAD steps in flight (raw words, decoded when listed).
-    constexpr int AHEAD = sizeof(S) == 4 ? SS_AHEAD - 1 : SS_AHEAD;
+    constexpr int AHEAD = sizeof(S) == 4 ? SS_AHEAD - 1 : SS_AHEAD;   // float32: four spill (8 bytes)
     RawVec<T, VEC> raw[AHEAD];
     const int first = lo + threadIdx.x * VEC;
     const int steps = (hi - lo + STEP - 1) / STEP;   // the same for every thread of the block
@@ -411,12 +415,14 @@ struct Verifier {
       else raw[k].set_neg_inf();
     }
     for (int s0 = 0; s0 < steps; s0 += AHEAD) {
+      wm = warp_reduce(tm, MaxFloat());
 #pragma unroll
       for (int k = 0; k < AHEAD; ++k) {
         const int step = s0 + k;
         if (step >= steps) break;
         constexpr int ROOM = 32 * VEC;   // the most one step can add
         if (!spilled && n + ROOM > SS_LIST) {   // compact against the maximum so far
+          wm = warp_reduce(tm, MaxFloat());
           __syncwarp();
           int kept = 0;
           for (int x0 = 0; x0 < n; x0 += 32) {
@@ -440,11 +446,12 @@ struct Verifier {
 #pragma unroll
         for (int e = 1; e < VEC; ++e) gm = max_nan(gm, cur[e]);
         bad |= !(gm < SS_INF);
-        wm = fmaxf(wm, warp_reduce(gm == gm ? gm : -SS_INF, MaxFloat()));
-        if (!spilled) {
+        tm = fmaxf(tm, gm == gm ? gm : -SS_INF);
+        const float bound = fmaxf(wm, tm);   // at most the row's maximum
+        if (!spilled && __any_sync(0xffffffffu, bound - gm <= sp)) {
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
-            const bool keep = wm - cur[e] <= sp;
+            const bool keep = bound - cur[e] <= sp;
             const unsigned m = __ballot_sync(0xffffffffu, keep);
             if (keep) list[n + __popc(m & below)] = cur[e];
             n += __popc(m);
@@ -453,7 +460,7 @@ struct Verifier {
       }
     }
     __syncwarp();
-    const float ms = block_reduce(wm, MaxFloat(), fred);
+    const float ms = block_reduce(tm, MaxFloat(), fred);
     const float M = agree_row_max((long long)b * R + r, ms, sh);
     const float c = rq.inv_t * SS_LOG2E, mc = M * c;
     float k = 0.f;

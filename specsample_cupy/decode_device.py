@@ -396,7 +396,7 @@ class DeviceCost:
     @model_s.setter
     def model_s(self, value):
         self._model_s = value
-        self._model = {}   # gammas (a tuple) -> their model seconds (an array): asked after every round
+        self._model = {}   # gammas (dtype, bytes) -> (model seconds, gammas as floats): asked after every round
 
     def observe(self, gamma: int, seconds: float):
         self.rest.observe(gamma, seconds - self.model_s[gamma])
@@ -408,12 +408,16 @@ class DeviceCost:
         self.rest.load(state)
 
     def __call__(self, gammas):
-        key = tuple(np.asarray(gammas).tolist())
-        model = self._model.get(key)
-        if model is None:
-            model = self._model[key] = np.array([self.model_s[int(g)] for g in key])
-        rest = self.rest(gammas) if self.rest.w else 0.0
-        return model + np.maximum(rest, 0.0)
+        key = (gammas.dtype.str, gammas.tobytes()) if isinstance(gammas, np.ndarray) else tuple(gammas)
+        known = self._model.get(key)
+        if known is None:
+            g = np.asarray(gammas)
+            known = self._model[key] = (np.array([self.model_s[int(x)] for x in g.tolist()]), g.astype(np.float64))
+        model, g = known
+        if not self.rest.w:
+            return model
+        a, b = self.rest.line()
+        return model + np.maximum(a + b * g, 0.0)
 
 
 def calibrate_model_costs(decoder, buf: _RoundBuffers, gammas, replays: int = 5) -> dict:

@@ -99,18 +99,23 @@ class LineCost:
     def load(self, state: tuple) -> None:
         self.w, self.wx, self.wy, self.wxx, self.wxy = state
 
-    def __call__(self, gamma: np.ndarray) -> np.ndarray:
+    def line(self) -> tuple[float, float]:
+        """(a, b) of the fit so far (Python floats: the policy asks after every round)."""
         if self.w == 0:
-            return 1.0 + self.ratio * np.asarray(gamma, np.float64)
+            return 1.0, self.ratio
         mx, my = self.wx / self.w, self.wy / self.w
         var = self.wxx / self.w - mx * mx
         if var > 1e-9:
             b = (self.wxy / self.w - mx * my) / var
             a = my - b * mx
             if a > 0 and b > 0:
-                return a + b * np.asarray(gamma, np.float64)
+                return a, b
         a = my / (1 + self.ratio * mx)           # one gamma seen so far: keep the prior's shape
-        return a * (1 + self.ratio * np.asarray(gamma, np.float64))
+        return a, a * self.ratio
+
+    def __call__(self, gamma: np.ndarray) -> np.ndarray:
+        a, b = self.line()
+        return a + b * np.asarray(gamma, np.float64)
 
 
 class AutoGamma(FixedGamma):
@@ -122,12 +127,12 @@ class AutoGamma(FixedGamma):
 
     def __init__(self, gamma: int, gamma_min: int, gamma_max: int, cost):
         self.gamma, self.lo, self.cap, self.cost = int(np.clip(gamma, gamma_min, gamma_max)), gamma_min, gamma_max, cost
-        # The choices and their exponents, made once: choose() runs after every round the loop reads,
-        # on the host, and on a launch-bound pair the host sets the pace.
-        self.gammas = np.arange(gamma_min, gamma_max + 1)
-        self._powers = self.gammas[None, :] + 1.0
-        self.successes = self.trials = self.live = None   # [B], sized by the first round observed
-        self.pooled = None      # [2, B]: successes and trials of every round of the call, not forgotten
+        self.gammas = np.arange(gamma_min, gamma_max + 1)   # the choices
+        # Per request, as Python lists: B is small where the host sets the pace, and a dozen NumPy
+        # calls on [B] arrays per round cost more than the loop over rows.
+        self.successes = self.trials = None   # [B] forgotten counts, sized by the first round observed
+        self.live = None        # [B] bool: unfinished in the last round observed
+        self.pooled = None      # [successes, trials]: every round of the call, not forgotten
         self.measured = False   # whether any round has been observed
 
     @property
@@ -135,50 +140,70 @@ class AutoGamma(FixedGamma):
         """Each request's acceptance estimate [B] (the prior before any round)."""
         if self.successes is None:
             return np.array([PRIOR_ALPHA])
-        return self.successes / self.trials
+        return np.divide(self.successes, self.trials)
 
     def observe(self, rnd, seconds=None):
-        if self.successes is None or self.successes.shape != rnd.active.shape:
-            self.successes = np.full(rnd.active.shape, PRIOR_ALPHA * PRIOR_TRIALS)
-            self.trials = np.full(rnd.active.shape, PRIOR_TRIALS)
-            self.pooled = np.stack([self.successes, self.trials])
-        proposing = rnd.active & (rnd.draft_len > 0)
-        if proposing.any():
-            acc = np.where(proposing, rnd.accepted, 0)
-            rejected = proposing & (rnd.accepted < rnd.draft_len)   # a rejection ends a row's successes
-            self.successes = np.where(proposing, FORGET * self.successes + acc, self.successes)
-            self.trials = np.where(proposing, FORGET * self.trials + acc + rejected, self.trials)
-            self.pooled[0] += acc
-            self.pooled[1] += acc + rejected
-            self.measured = True
-        self.live = rnd.active
+        active = rnd.active.tolist()
+        B = len(active)
+        if self.successes is None or len(self.successes) != B:
+            self.successes, self.trials = [PRIOR_ALPHA * PRIOR_TRIALS] * B, [PRIOR_TRIALS] * B
+            self.pooled = [list(self.successes), list(self.trials)]
+        s, t, ps, pt = self.successes, self.trials, self.pooled[0], self.pooled[1]
+        for b, (live, drafts, acc) in enumerate(zip(active, rnd.draft_len.tolist(), rnd.accepted.tolist())):
+            if live and drafts > 0:
+                tried = acc + (acc < drafts)   # a rejection ends a row's successes (and is a trial)
+                s[b] = FORGET * s[b] + acc
+                t[b] = FORGET * t[b] + tried
+                ps[b] += acc
+                pt[b] += tried
+                self.measured = True
+        self.live = active
         if seconds is not None and seconds > 0:
             self.cost.observe(rnd.gamma, seconds)
         self.choose()
 
-    def _rates(self, gammas, alpha=None, powers=None) -> np.ndarray:
-        """Expected tokens per second of the slowest live request for each of `gammas`; powers: their
-        gamma + 1 as a float [1, k] row (computed when None)."""
-        alpha = self.alpha if alpha is None else alpha
-        if self.live is not None and self.live.shape == alpha.shape and self.live.any():
-            alpha = alpha[self.live]
-        alpha = np.minimum(alpha, 0.999)[:, None]
-        if powers is None:
-            powers = np.asarray(gammas, np.float64)[None, :] + 1.0
-        tokens = ((1.0 - alpha ** powers) / (1.0 - alpha)).min(axis=0)
-        return tokens / self.cost(gammas)
+    def _slowest_alpha(self, alpha=None) -> float:
+        """The least acceptance among the live requests (all when none is live; `alpha` [B], default
+        the current estimates): E(gamma) grows with alpha for every gamma, so that request has the
+        fewest expected tokens whatever gamma is."""
+        if alpha is None:
+            if self.successes is None:
+                return PRIOR_ALPHA
+            alpha = [x / y for x, y in zip(self.successes, self.trials)]
+        else:
+            alpha = np.asarray(alpha, np.float64).tolist()
+        live = self.live if self.live is not None and len(self.live) == len(alpha) and any(self.live) else None
+        return min(min(a for a, keep in zip(alpha, live) if keep) if live else min(alpha), 0.999)
+
+    def _rates(self, gammas, alpha=None) -> np.ndarray:
+        """Expected tokens per second of the slowest live request for each of `gammas` (alpha [B]:
+        default the current estimates)."""
+        return expected_tokens(self._slowest_alpha(alpha), gammas) / self.cost(gammas)
 
     def choose(self) -> None:
-        """Set gamma to the best of [gamma_min, gamma_max] under the current estimates."""
-        self.gamma = int(self.gammas[int(np.argmax(self._rates(self.gammas, powers=self._powers)))])
+        """Set gamma to the best of [gamma_min, gamma_max] under the current estimates (the first best,
+        as np.argmax of _rates). Runs after every round the loop reads, on the host, where a launch-bound
+        pair's rounds wait for it: one acceptance (the slowest request's), E(gamma) summed term by term
+        in Python floats (a dozen NumPy calls on 12-element arrays took ~30 µs)."""
+        a = self._slowest_alpha()
+        costs = self.cost(self.gammas).tolist()
+        term = a ** self.lo
+        tokens = (1.0 - term * a) / (1.0 - a)      # E(gamma_min)
+        best, best_rate = self.lo, tokens / costs[0]
+        for g, c in zip(range(self.lo + 1, self.cap + 1), costs[1:]):
+            term *= a
+            tokens += term                          # E(g) = E(g - 1) + a^g
+            if tokens / c > best_rate:
+                best, best_rate = g, tokens / c
+        self.gamma = best
 
     def prefers_target_only(self) -> bool:
         """Whether a target-only step (gamma = 0) beats every gamma in range, by the call's pooled
         acceptance (every round it read, not forgotten) and the measured costs."""
         if not self.measured:
             return False
-        alpha = self.pooled[0] / self.pooled[1]
-        return bool(self._rates(np.array([0]), alpha)[0] > self._rates(self.gammas, alpha, self._powers).max())
+        alpha = np.divide(self.pooled[0], self.pooled[1])
+        return bool(self._rates(np.array([0]), alpha)[0] > self._rates(self.gammas, alpha).max())
 
     def state(self) -> dict:
         """What the next call of the same kind starts from: the costs (its acceptance starts from the
