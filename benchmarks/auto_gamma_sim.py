@@ -152,8 +152,8 @@ def sampled_rows(seeds: int, method: str = "exact", temperature: float = 1.0):
         for pair in PAIRS:
             for batch in BATCHES:
                 table = cost_table(pair, batch, method)
-                decoder_module.make_policy = lambda g, mode, lo, hi, cost=None: make_policy(
-                    g, mode, lo, hi, TableCost(table) if mode == "auto" else cost)
+                decoder_module.make_policy = lambda g, mode, lo, hi, cost=None, **kw: make_policy(
+                    g, mode, lo, hi, TableCost(table) if mode == "auto" else cost, **kw)
                 auto = SpeculativeDecoder(device="cpu")
                 for s in range(seeds):
                     rounds(auto, batch, s, "auto")

@@ -16,8 +16,7 @@ argmax over [gamma_min, gamma_max] of min_b E_b(gamma) / cost(gamma), one alpha 
 mean over requests would be a throughput for rows that are refilled; it favours long rounds that
 the rows accepting least pay for, e.g. gamma 10 where 4 finishes a greedy batch of four sooner.)
 alpha is estimated from the call's rounds read so far (successes / trials of the truncated geometric,
-with a weak prior and exponential forgetting at FORGET per round: acceptance comes in runs, so the
-last few rounds say most about the next); cost comes from the loop: the device loop's per-run costs
+with a weak prior and exponential forgetting per round); cost comes from the loop: the device loop's per-run costs
 measured by replaying its captured graphs plus the per-round remainder it observes, the host loop a
 straight line a + b * gamma fitted to the rounds' wall times.
 
@@ -28,6 +27,15 @@ ended opened with long rounds that its first tokens rejected. On equal-work repl
 pair's greedy acceptance with the H200 costs of the three pairs (`benchmarks/auto_gamma_sim.py`),
 starting from the last estimate with forgetting 0.95 reached 0.92-1.00 of the best fixed gamma; from
 the prior (worth one draft) with forgetting 0.8, 0.99-1.07.
+
+How fast old rounds are forgotten depends on how the tokens are chosen. Greedy decoding accepts in
+runs (the draft's greedy continuation agrees with the target's for a stretch, then not), so the last
+few rounds say most about the next: FORGET_GREEDY. Sampled acceptance varies less with the stretch of
+text and more with the draws, and a round holds a few trials: a short memory then chases noise, so
+sampling keeps FORGET_SAMPLED. Replayed exact sampling at T = 1, B = 1, 40 seeds (auto_gamma_sim.py
+--method exact): with the 7B-cost pair's costs 0.94 of the best fixed gamma at forgetting 0.8 (the
+H200 measured 0.92 over 15 seeds), 0.975 at 0.9, 0.967 at 0.95; with the 1.5B-cost pair's, 0.95 at 0.8
+and 0.99 at 0.9 or 0.95. Greedy replays at 0.95 fell to 0.94-1.00 (0.99-1.07 at 0.8).
 
 What a call learns of the costs is kept for the next call of the same kind (state() / load(): the
 decoder keeps it per method, temperature and batch size), and so is its verdict on speculation: when
@@ -40,7 +48,8 @@ from __future__ import annotations
 
 import numpy as np
 
-FORGET = 0.8           # weight of older acceptance observations per round read
+FORGET_GREEDY = 0.8    # weight of older acceptance observations per round read: greedy decoding ...
+FORGET_SAMPLED = 0.9   # ... and sampling (module docstring)
 COST_FORGET = 0.95     # the same for the round times LineCost fits
 REPROBE = 8            # calls of a kind that prefers target-only: every REPROBE-th speculates again
 PRIOR_ALPHA = 0.6      # acceptance assumed before any round is read ...
@@ -123,10 +132,12 @@ class AutoGamma(FixedGamma):
     with one acceptance estimate per request.
 
     cost: callable gamma [k] -> seconds [k] per round, with `observe(gamma, seconds)` to learn from
-    the rounds read (LineCost, or the device loop's calibrated cost)."""
+    the rounds read (LineCost, or the device loop's calibrated cost). forget: the weight of older
+    acceptance observations per round (forgetting(temperature))."""
 
-    def __init__(self, gamma: int, gamma_min: int, gamma_max: int, cost):
+    def __init__(self, gamma: int, gamma_min: int, gamma_max: int, cost, forget: float = FORGET_GREEDY):
         self.gamma, self.lo, self.cap, self.cost = int(np.clip(gamma, gamma_min, gamma_max)), gamma_min, gamma_max, cost
+        self.forget = float(forget)
         self.gammas = np.arange(gamma_min, gamma_max + 1)   # the choices
         # Per request, as Python lists: B is small where the host sets the pace, and a dozen NumPy
         # calls on [B] arrays per round cost more than the loop over rows.
@@ -148,12 +159,12 @@ class AutoGamma(FixedGamma):
         if self.successes is None or len(self.successes) != B:
             self.successes, self.trials = [PRIOR_ALPHA * PRIOR_TRIALS] * B, [PRIOR_TRIALS] * B
             self.pooled = [list(self.successes), list(self.trials)]
-        s, t, ps, pt = self.successes, self.trials, self.pooled[0], self.pooled[1]
+        s, t, ps, pt, f = self.successes, self.trials, self.pooled[0], self.pooled[1], self.forget
         for b, (live, drafts, acc) in enumerate(zip(active, rnd.draft_len.tolist(), rnd.accepted.tolist())):
             if live and drafts > 0:
                 tried = acc + (acc < drafts)   # a rejection ends a row's successes (and is a trial)
-                s[b] = FORGET * s[b] + acc
-                t[b] = FORGET * t[b] + tried
+                s[b] = f * s[b] + acc
+                t[b] = f * t[b] + tried
                 ps[b] += acc
                 pt[b] += tried
                 self.measured = True
@@ -214,8 +225,14 @@ class AutoGamma(FixedGamma):
         self.cost.load(state["cost"])   # the caller calls choose() once the cost can be evaluated
 
 
-def make_policy(gamma: int, mode: str, gamma_min: int, gamma_max: int, cost=None):
-    """mode: "fixed", "adaptive" (HeuristicGamma) or "auto" (AutoGamma with `cost`, LineCost if None)."""
+def forgetting(temperature: float) -> float:
+    """AutoGamma's forgetting for decoding at this temperature (0: greedy; module docstring)."""
+    return FORGET_GREEDY if temperature == 0 else FORGET_SAMPLED
+
+
+def make_policy(gamma: int, mode: str, gamma_min: int, gamma_max: int, cost=None, temperature: float = 0.0):
+    """mode: "fixed", "adaptive" (HeuristicGamma) or "auto" (AutoGamma with `cost`, LineCost if None,
+    forgetting as suits `temperature`)."""
     if mode == "fixed" or gamma == 0:
         return FixedGamma(gamma)
     if not 1 <= gamma_min <= gamma_max:
@@ -223,5 +240,6 @@ def make_policy(gamma: int, mode: str, gamma_min: int, gamma_max: int, cost=None
     if mode == "adaptive":
         return HeuristicGamma(gamma, gamma_min, gamma_max)
     if mode == "auto":
-        return AutoGamma(gamma, gamma_min, gamma_max, cost if cost is not None else LineCost())
+        return AutoGamma(gamma, gamma_min, gamma_max, cost if cost is not None else LineCost(),
+                         forgetting(temperature))
     raise ValueError(f"gamma mode must be 'fixed', 'adaptive' or 'auto', got {mode!r}")

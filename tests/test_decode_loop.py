@@ -181,7 +181,7 @@ def test_auto_gamma_estimates_match_a_plain_reference():
     """Rounds with finished rows and rows that proposed nothing: each request's forgotten acceptance
     estimate, the pooled one and the chosen gamma, against the module docstring's rule in plain
     Python (one request at a time)."""
-    from specsample_cupy.gamma_policy import FORGET, PRIOR_ALPHA, PRIOR_TRIALS
+    from specsample_cupy.gamma_policy import FORGET_GREEDY as FORGET, PRIOR_ALPHA, PRIOR_TRIALS
     rng = np.random.default_rng(9)
     cost = lambda g: 1.0 + 0.2 * np.asarray(g, float)   # noqa: E731
     policy = AutoGamma(4, 1, 12, cost=cost)
@@ -257,6 +257,25 @@ def test_policy_arguments_are_checked():
         make_policy(3, "auto", 4, 2)
     with pytest.raises(ValueError, match="gamma mode"):
         make_policy(3, "sometimes", 1, 4)
+
+
+def test_auto_gamma_forgets_faster_for_greedy_than_for_sampling(decoder, monkeypatch):
+    """Greedy acceptance comes in runs, sampled acceptance with the draws (gamma_policy's docstring):
+    generate() hands the call's temperature to the policy, greedy decoding as 0."""
+    from specsample_cupy import decoder as decoder_module
+    from specsample_cupy.gamma_policy import FORGET_GREEDY, FORGET_SAMPLED
+    assert FORGET_GREEDY < FORGET_SAMPLED
+    made = []
+    real = decoder_module.make_policy
+    monkeypatch.setattr(decoder_module, "make_policy", lambda *a, **kw: made.append(real(*a, **kw)) or made[-1])
+    for method, temperature in (("greedy", 1.0), ("exact", 0.0), ("exact", 0.7)):
+        decoder.generate(PROMPTS[:2], max_new_tokens=6, gamma="auto", method=method, temperature=temperature)
+    assert [p.forget for p in made] == [FORGET_GREEDY, FORGET_GREEDY, FORGET_SAMPLED]
+    policy = made[-1]
+    rnd = Round(np.array([True, True]), np.array([4, 4]), np.array([4, 1]), np.array([5, 2]), 4)
+    before = list(policy.successes)
+    policy.observe(rnd)
+    assert policy.successes == pytest.approx([FORGET_SAMPLED * before[0] + 4, FORGET_SAMPLED * before[1] + 1])
 
 
 def test_device_cost_is_model_time_plus_the_fitted_rest():
