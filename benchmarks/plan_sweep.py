@@ -1,0 +1,69 @@
+"""verify()'s device time against its P1 slicing: how many vocabulary slices each row is cut into
+(PlanOptions.p1_sweeps) and so how many waves of the grid's resident blocks the P1 items fill.
+
+The default plan cuts rows into as few items as the grid allows (at B = 64, gamma = 5, V = 151936:
+one item per row, 704 items; an H200 holding four blocks per multiprocessor runs 528 at once, so
+the items fill 1.33 waves). A memory-bound pass loses little
+to a partial last wave (fewer blocks then get more bandwidth each); a pass bound by each block's own
+speed (min-p's candidate lists) may lose up to a third. This prints, per dtype and p1_sweeps, the
+slices per row, the waves and the median device µs (CUDA events, inputs rotated past L2), plain
+exact next to min-p.
+
+    python3 benchmarks/plan_sweep.py [--batch 64] [--vocab 151936] [--gamma 5] [--slices 0,2,3,4,6]
+                                     [--reps 30]
+"""
+import argparse
+import statistics
+
+from specsample_cupy import kernels, verify
+from specsample_cupy.bench_verify import hold_device, make_inputs
+from specsample_cupy.warps import build_warps
+
+
+def time_calls(cp, inputs, reps, **kw):
+    """Median device seconds of verify() over `reps` calls queued behind a busy kernel."""
+    stream = cp.cuda.get_current_stream()
+    for k in range(3):
+        verify(*inputs.next(), method="exact", seed=1, offset=k, **kw).accepted.get()
+    starts = [cp.cuda.Event() for _ in range(reps)]
+    ends = [cp.cuda.Event() for _ in range(reps)]
+    hold_device(cp, 0.002 + reps * 400e-6)
+    for k in range(reps):
+        starts[k].record(stream)
+        verify(*inputs.next(), method="exact", seed=1, offset=k, **kw)
+        ends[k].record(stream)
+    ends[-1].synchronize()
+    return statistics.median(cp.cuda.get_elapsed_time(s, e) * 1e-3 for s, e in zip(starts, ends))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--gamma", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--slices", default="0,2,3,4,6", help="P1 slices per row to ask for (0: the default plan)")
+    args = ap.parse_args()
+    import cupy as cp
+    B, G, V = args.batch, args.gamma, args.vocab
+    print("| dtype | p1_sweeps | method | slices per row | P1 items | waves | device µs |")
+    print("|---|---|---|---|---|---|---|")
+    for dtype in ("float32", "float16"):
+        inputs = make_inputs(cp, B, G, V, dtype)
+        tokens, draft, target = inputs.next()
+        min_p = build_warps(cp, B, V, 1.0, min_p=0.05)
+        per_row = -(-V // (kernels.THREADS * kernels.vec_width(dtype, V, draft, target)[1]))   # sweeps in a row
+        for slices in (int(x) for x in args.slices.split(",")):
+            sweeps = "auto" if slices == 0 else -(-per_row // slices)
+            plan = None if slices == 0 else kernels.PlanOptions(p1_sweeps=sweeps)
+            for name, mode, kw in (("exact", kernels.MODE_LOGITS, {}),
+                                   ("min_p 0.05", kernels.MODE_MIN_P, {"warps": min_p})):
+                info = kernels.plan_info(tokens, draft, target, dtype_name=dtype, mode=mode, options=plan)
+                items = B * (2 * G + 1) * info["S1"]
+                seconds = time_calls(cp, inputs, args.reps, plan=plan, **kw)
+                print(f"| {dtype} | {sweeps} | {name} | {info['S1']} | {items} | {items / info['capacity']:.2f} | "
+                      f"{seconds * 1e6:.1f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
