@@ -16,9 +16,9 @@ argmax over [gamma_min, gamma_max] of min_b E_b(gamma) / cost(gamma), one alpha 
 mean over requests would be a throughput for rows that are refilled; it favours long rounds that
 the rows accepting least pay for, e.g. gamma 10 where 4 finishes a greedy batch of four sooner.)
 alpha is estimated from the call's rounds read so far (successes / trials of the truncated geometric,
-with a weak prior and exponential forgetting per round); cost comes from the loop: the device loop's per-run costs
-measured by replaying its captured graphs plus the per-round remainder it observes, the host loop a
-straight line a + b * gamma fitted to the rounds' wall times.
+with a weak prior and exponential forgetting per round); cost comes from the loop: the device loop's
+per-run costs measured by replaying its captured graphs plus the per-round remainder it observes, the
+host loop a straight line a + b * gamma fitted to the rounds' wall times.
 
 Each call's acceptance starts from the prior, not from the previous call's last estimate: a call's
 first rounds accept less than the end of the call before it (greedy decoding of code: a few early
