@@ -233,10 +233,10 @@ class _Run:
                 empty = self._refill(done)
             yield from empty
 
-    def _temperature(self):
-        """The loop's temperature: 0 for method greedy, else each row's, on the loop's device (a new
-        array: the device loop updates its own in place)."""
-        return 0.0 if self.greedy else self.dec.xp.array(self.temps)
+    def _temperature(self, xp=None):
+        """The loop's temperature: 0 for method greedy, else each row's, on the loop's device or as an
+        `xp` array (a new array: the device loop updates its own in place)."""
+        return 0.0 if self.greedy else (xp or self.dec.xp).array(self.temps)
 
     def _device_warps(self):
         """The device loop's truncation at the rows' temperatures (min-p's span depends on them), or None.
@@ -246,8 +246,7 @@ class _Run:
             return None
         import cupy
         from specsample_cupy.warps import build_warps
-        host = build_warps(np, self.req.batch, self.dec.target.vocab_size, 0.0 if self.greedy else self.temps,
-                           **self.truncation)
+        host = build_warps(np, self.req.batch, self.dec.target.vocab_size, self._temperature(np), **self.truncation)
         if host is None:
             return None
         stream = self.dec.stream
