@@ -88,12 +88,13 @@ class SpeculativeDecoder:
             default "cuda" when usable, else "cpu" with a RuntimeWarning.
         kv_slack: rolled-back cache columns tolerated before the cache is compacted (see KVCache).
         prefill_chunk: prompt tokens per model run while prefilling (bounds the prefill's logits buffer).
-        cuda_graphs: on CUDA, run each model with fixed bindings over a full-capacity cache and let ONNX
-            Runtime replay its runs as CUDA graphs (sessions_static) when the model allows it (a graph
-            without CPU nodes, a position_ids input); other models, or False, rebind every run.
-        device_rounds: with CUDA graphs, decode with the device loop (decode_device: every method,
+        cuda_graphs: on CUDA, run each model with fixed bindings over a full-capacity cache
+            (sessions_static) when it has a position_ids input and no use_cache_branch input, and let
+            ONNX Runtime replay its runs as CUDA graphs when its graph has no CPU nodes; other models,
+            or False, rebind every run (sessions.DecoderSession).
+        device_rounds: with fixed bindings, decode with the device loop (decode_device: every method,
             target-only too, bookkeeping on the GPU); False runs the host loop (decode_host), which
-            is also what runs on the CPU and for models without CUDA graphs.
+            is also what runs on the CPU and for models that rebind every run.
         cpu_threads: on the CPU, the threads each model run may use (None: ONNX Runtime's default,
             every core). Processes sharing a machine should split its cores between them.
 
@@ -152,7 +153,8 @@ class SpeculativeDecoder:
 
     def _open(self, spec, role, device_id, cuda_graphs):
         """A StaticDecoderSession (fixed bindings, CUDA-graph replay) where the device and the model allow
-        it, else a DecoderSession; self.cuda_graphs[role] says which, or why not."""
+        it; the same bindings without graphs for a model ONNX Runtime will not capture (nodes on the
+        CPU); else a DecoderSession. self.cuda_graphs[role] says whether runs are captured, or why not."""
         if self.device == "cuda" and cuda_graphs:
             try:
                 session = StaticDecoderSession(spec, self.device, self.stream, device_id)
@@ -160,6 +162,11 @@ class SpeculativeDecoder:
                 return session
             except _graph_refusals() as e:   # e.g. ONNX Runtime cannot capture a graph with CPU nodes
                 self.cuda_graphs[role] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                if not isinstance(e, ValueError):   # the model itself suits fixed bindings
+                    try:
+                        return StaticDecoderSession(spec, self.device, self.stream, device_id, capture=False)
+                    except _graph_refusals():
+                        pass
         else:
             self.cuda_graphs[role] = "off" if self.device == "cuda" else "cpu"
         return DecoderSession(spec, self.device, self.stream, device_id, cpu_threads=self.cpu_threads)
