@@ -380,16 +380,20 @@ class SpeculativeDecoder:
 
     def _new_caches(self, req, sessions, gamma_cap, columns: int | None = None):
         """One cache per session, of one capacity: every token a request may hold (columns; default
-        the width of req's sequences), a round's columns beyond them, and the slack of rolled-back
-        columns tolerated before a compaction. Without a position_ids input a model numbers tokens
-        by cache column, so its cache may hold no holes: one request per call and compaction after
-        every rollback."""
+        the width of req's sequences, which already leave a round's gamma_cap + 2 columns beyond the
+        budget) and room beyond them: the slack of rolled-back columns tolerated before a compaction,
+        and at least the two rounds of gamma_cap + 1 columns the device loop may have in flight
+        (decode_device's compaction keeps that room). Counting a round once, not twice, keeps an
+        automatic gamma's cache (gamma_cap 12) the size of a fixed gamma's after rounding
+        (sessions_static.CAPACITY_ROUND): a static cache's every run attends over its whole capacity.
+        Without a position_ids input a model numbers tokens by cache column, so its cache may hold no
+        holes: one request per call and compaction after every rollback."""
         implicit_positions = not all(getattr(s, "has_position_ids", True) for s in sessions)
         if implicit_positions and req.batch > 1:
             raise ValueError("a model of the pair has no position_ids input, so it cannot decode a batch with "
                              "padding and ragged acceptance exactly; pass one prompt per call")
         kv_slack = 0 if implicit_positions else self.kv_slack
-        capacity = (req.seq.shape[1] if columns is None else columns) + gamma_cap + 2 + kv_slack
+        capacity = (req.seq.shape[1] if columns is None else columns) + max(kv_slack, 2 * (gamma_cap + 1))
         return [s.new_cache(req.batch, capacity, kv_slack) for s in sessions]
 
     def _rounds(self, req, caches, policy, method, temperature, seed, clock, auto_state=None, truncation=None,
