@@ -83,7 +83,7 @@ def supported(target, draft, gamma_cap: int) -> str | None:
         return f"gamma over {THREADS - 1}"   # round_done reads a row's gamma + 1 tokens with one thread each
     sessions = (target,) if draft is None else (target, draft)
     if not all(isinstance(s, StaticDecoderSession) for s in sessions):
-        return "a model without CUDA graphs"
+        return "a model without fixed bindings (cuda_graphs=False, or no position_ids input)"
     if any(s.logits_dtype != target.logits_dtype for s in sessions) or target.logits_dtype.char not in "fe":
         return "logits dtypes"
     if target.vocab_size > ROW_SAMPLER_MAX_V:

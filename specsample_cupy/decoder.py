@@ -88,12 +88,13 @@ class SpeculativeDecoder:
             default "cuda" when usable, else "cpu" with a RuntimeWarning.
         kv_slack: rolled-back cache columns tolerated before the cache is compacted (see KVCache).
         prefill_chunk: prompt tokens per model run while prefilling (bounds the prefill's logits buffer).
-        cuda_graphs: on CUDA, run each model with fixed bindings over a full-capacity cache and let ONNX
-            Runtime replay its runs as CUDA graphs (sessions_static) when the model allows it (a graph
-            without CPU nodes, a position_ids input); other models, or False, rebind every run.
-        device_rounds: with CUDA graphs, decode with the device loop (decode_device: every method,
+        cuda_graphs: on CUDA, run each model with fixed bindings over a full-capacity cache
+            (sessions_static) when it has a position_ids input and no use_cache_branch input, and let
+            ONNX Runtime replay its runs as CUDA graphs when its graph has no CPU nodes; other models,
+            or False, rebind every run (sessions.DecoderSession).
+        device_rounds: with fixed bindings, decode with the device loop (decode_device: every method,
             target-only too, bookkeeping on the GPU); False runs the host loop (decode_host), which
-            is also what runs on the CPU and for models without CUDA graphs.
+            is also what runs on the CPU and for models that rebind every run.
         cpu_threads: on the CPU, the threads each model run may use (None: ONNX Runtime's default,
             every core). Processes sharing a machine should split its cores between them.
 
@@ -152,7 +153,8 @@ class SpeculativeDecoder:
 
     def _open(self, spec, role, device_id, cuda_graphs):
         """A StaticDecoderSession (fixed bindings, CUDA-graph replay) where the device and the model allow
-        it, else a DecoderSession; self.cuda_graphs[role] says which, or why not."""
+        it; the same bindings without graphs for a model ONNX Runtime will not capture (nodes on the
+        CPU); else a DecoderSession. self.cuda_graphs[role] says whether runs are captured, or why not."""
         if self.device == "cuda" and cuda_graphs:
             try:
                 session = StaticDecoderSession(spec, self.device, self.stream, device_id)
@@ -160,6 +162,11 @@ class SpeculativeDecoder:
                 return session
             except _graph_refusals() as e:   # e.g. ONNX Runtime cannot capture a graph with CPU nodes
                 self.cuda_graphs[role] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                if not isinstance(e, ValueError):   # the model itself suits fixed bindings
+                    try:
+                        return StaticDecoderSession(spec, self.device, self.stream, device_id, capture=False)
+                    except _graph_refusals():
+                        pass
         else:
             self.cuda_graphs[role] = "off" if self.device == "cuda" else "cpu"
         return DecoderSession(spec, self.device, self.stream, device_id, cpu_threads=self.cpu_threads)
@@ -380,16 +387,20 @@ class SpeculativeDecoder:
 
     def _new_caches(self, req, sessions, gamma_cap, columns: int | None = None):
         """One cache per session, of one capacity: every token a request may hold (columns; default
-        the width of req's sequences), a round's columns beyond them, and the slack of rolled-back
-        columns tolerated before a compaction. Without a position_ids input a model numbers tokens
-        by cache column, so its cache may hold no holes: one request per call and compaction after
-        every rollback."""
+        the width of req's sequences, which already leave a round's gamma_cap + 2 columns beyond the
+        budget) and room beyond them: the slack of rolled-back columns tolerated before a compaction,
+        and at least the two rounds of gamma_cap + 1 columns the device loop may have in flight
+        (decode_device's compaction keeps that room). Counting a round once, not twice, keeps an
+        automatic gamma's cache (gamma_cap 12) the size of a fixed gamma's after rounding
+        (sessions_static.CAPACITY_ROUND): a static cache's every run attends over its whole capacity.
+        Without a position_ids input a model numbers tokens by cache column, so its cache may hold no
+        holes: one request per call and compaction after every rollback."""
         implicit_positions = not all(getattr(s, "has_position_ids", True) for s in sessions)
         if implicit_positions and req.batch > 1:
             raise ValueError("a model of the pair has no position_ids input, so it cannot decode a batch with "
                              "padding and ragged acceptance exactly; pass one prompt per call")
         kv_slack = 0 if implicit_positions else self.kv_slack
-        capacity = (req.seq.shape[1] if columns is None else columns) + gamma_cap + 2 + kv_slack
+        capacity = (req.seq.shape[1] if columns is None else columns) + max(kv_slack, 2 * (gamma_cap + 1))
         return [s.new_cache(req.batch, capacity, kv_slack) for s in sessions]
 
     def _rounds(self, req, caches, policy, method, temperature, seed, clock, auto_state=None, truncation=None,

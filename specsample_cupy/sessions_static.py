@@ -19,9 +19,12 @@ asynchronous copy per run. Longer runs (prefill chunks) are bound afresh and not
 ONNX Runtime keeps every captured graph for the session's lifetime, so buffers are planned per
 (batch, capacity rounded up to CAPACITY_ROUND) and reused by later generate() calls of that size.
 
-It needs a graph without CPU nodes (no shape arithmetic), as models/export_onnx.py writes: for other
-exports ONNX Runtime refuses to create a capturing session, and the decoder uses
-sessions.DecoderSession instead.
+Capturing needs a graph without CPU nodes (no shape arithmetic), as models/export_onnx.py writes: for
+other exports ONNX Runtime refuses to create a capturing session. Such a model still runs with the
+same fixed bindings, each run enqueued by ONNX Runtime without a graph (capture=False): more host time
+per run, but the same buffers, so the device loop (decode_device) drives it like any other.
+Models without a position_ids input, or with a use_cache_branch input, cannot take a cache with
+holes; the decoder uses sessions.DecoderSession for them.
 """
 from __future__ import annotations
 
@@ -152,18 +155,21 @@ class _Plan:
 
 
 class StaticDecoderSession(DecoderSession):
-    """DecoderSession on CUDA with fixed bindings and CUDA-graph replay (see the module docstring).
+    """DecoderSession on CUDA with fixed bindings and, with capture=True, CUDA-graph replay (see the
+    module docstring).
 
     Raises ValueError for models it cannot run this way (no position_ids input, a use_cache_branch
-    input) and onnxruntime's error when the graph cannot be captured (nodes on the CPU).
+    input) and, with capture=True, onnxruntime's error when the graph cannot be captured (nodes on
+    the CPU).
     """
 
-    def __init__(self, spec: ModelSpec, device: str, stream, device_id: int = 0):
+    def __init__(self, spec: ModelSpec, device: str, stream, device_id: int = 0, *, capture: bool = True):
         if device != "cuda":
             raise ValueError("StaticDecoderSession runs on device='cuda' only")
-        super().__init__(spec, device, stream, device_id, cuda_graph=True)
+        super().__init__(spec, device, stream, device_id, cuda_graph=capture)
         if not self.has_position_ids or self.has_cache_branch:
             raise ValueError(f"{spec.onnx_path}: static cache runs need position_ids and no use_cache_branch")
+        self.capture = capture
         self._plans: dict[tuple[int, int], _Plan] = {}
         self._graph_ids = itertools.count(1)   # unique per binding: a graph replays its capture's addresses
         self._plan = None
@@ -184,8 +190,9 @@ class StaticDecoderSession(DecoderSession):
         plan = self._plan
         step = plan.steps.get(steps)
         if step is None:
-            if steps <= MAX_GRAPH_STEPS:
-                step = plan.steps[steps] = _Step(self, plan, steps, next(self._graph_ids), plan.scratch)
+            if steps <= MAX_GRAPH_STEPS:   # kept, with its binding; a graph when capturing
+                graph_id = next(self._graph_ids) if self.capture else -1
+                step = plan.steps[steps] = _Step(self, plan, steps, graph_id, plan.scratch)
             else:   # a prefill chunk: its own scratch, not captured, not kept
                 import cupy
                 n, H, D = len(self.cache_names), self.n_kv_heads, self.head_dim

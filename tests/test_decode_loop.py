@@ -292,3 +292,21 @@ def test_device_cost_is_model_time_plus_the_fitted_rest():
     np.testing.assert_allclose(cost(np.array([0])), [1e-3 + 3e-4])
     cost.model_s = {g: 2e-3 for g in range(13)}
     np.testing.assert_allclose(cost(gammas), [2e-3 + 3e-4 + 5e-5 * g for g in gammas])
+
+
+def test_a_round_is_counted_once_in_the_cache_capacity(decoder):
+    """The sequences' width already leaves a round beyond the budget: a larger gamma cap widens the
+    caches by its extra drafts once (not twice), and the room beyond the width covers the slack and
+    the device loop's two rounds in flight."""
+    class Recording:
+        has_position_ids = True
+
+        def new_cache(self, batch, capacity, slack):
+            return capacity
+
+    capacity = {}
+    for cap in (5, 12, 30):
+        req = decoder._requests(PROMPTS, 40, cap, True)
+        capacity[cap] = decoder._new_caches(req, [Recording()], cap)[0]
+        assert capacity[cap] - req.seq.shape[1] == max(decoder.kv_slack, 2 * (cap + 1))
+    assert capacity[12] - capacity[5] == 12 - 5
