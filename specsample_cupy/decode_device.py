@@ -414,10 +414,7 @@ class DeviceCost:
             g = np.asarray(gammas)
             known = self._model[key] = (np.array([self.model_s[int(x)] for x in g.tolist()]), g.astype(np.float64))
         model, g = known
-        if not self.rest.w:
-            return model
-        a, b = self.rest.line()
-        return model + np.maximum(a + b * g, 0.0)
+        return model + np.maximum(self.rest(g), 0.0) if self.rest.w else model
 
 
 def calibrate_model_costs(decoder, buf: _RoundBuffers, gammas, replays: int = 5) -> dict:
