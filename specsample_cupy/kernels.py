@@ -61,7 +61,8 @@ class PlanOptions:
 
     max_sweeps: most sweeps (THREADS * VEC consecutive elements of a row) per work item.
     min_sweeps: fewest sweeps per work item where the plan sizes them (fewer, longer items: fewer
-        arrivals on a request's counter).
+        arrivals on a request's counter); None: 1, and P1 items of MIN_ITEM_ELEMENTS elements where
+        those leave half the grid free.
     p1_sweeps: sweeps per P1 item (one vocabulary slice of one row), forcing
         ceil(V / (p1_sweeps * THREADS * VEC)) slices per row; None sizes them from the occupancy.
     p2_sweeps: sweeps per P2 item (one slice of the emitted row), forcing that many P2 blocks per
@@ -74,7 +75,7 @@ class PlanOptions:
     lineinfo: compile with --generate-line-info (source lines in compute-sanitizer reports).
     """
     max_sweeps: int = 256
-    min_sweeps: int = 1
+    min_sweeps: int | None = None
     p1_sweeps: int | None = None
     p2_sweeps: int | None = None
     lag_waves: float = 4.0
@@ -84,11 +85,11 @@ class PlanOptions:
     def __post_init__(self):
         for name in ("max_sweeps", "min_sweeps", "p1_sweeps", "p2_sweeps", "grid"):
             v = getattr(self, name)
-            if v is None and name in ("p1_sweeps", "p2_sweeps", "grid"):
+            if v is None and name in ("min_sweeps", "p1_sweeps", "p2_sweeps", "grid"):
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"PlanOptions.{name} must be a positive int, got {v!r}")
-        if self.min_sweeps > self.max_sweeps:
+        if self.min_sweeps is not None and self.min_sweeps > self.max_sweeps:
             raise ValueError(f"PlanOptions.min_sweeps ({self.min_sweeps}) > max_sweeps ({self.max_sweeps})")
         if not (isinstance(self.lag_waves, (int, float)) and 0 <= self.lag_waves < float("inf")):
             raise ValueError(f"PlanOptions.lag_waves must be finite and >= 0, got {self.lag_waves!r}")
@@ -119,11 +120,33 @@ def _resident_blocks(device_id, name, lineinfo, shared_bytes):
     return max(per_sm, 1) * sms
 
 
+# Elements of a row per P1 item at small batches (PlanOptions.min_sweeps None). Filling the grid there
+# cut rows into items of one or a few sweeps, and every item pays a ticket, a fence, its statistics'
+# write and an arrival on its request's counter, which P2 then combines. Items of 8192 elements are
+# faster where they leave half the grid free (B = 1, gamma = 5, H200: plain exact 19.6 -> 17.7 µs at
+# float32, V = 151936; 15.2 -> 13.1 at V = 32000), slower where the grid was full (B = 8, V = 32000:
+# 17.6 -> 19.7); min-p's register path holds one such item (benchmarks/NOTES.md, "P1 items at small
+# batches").
+MIN_ITEM_ELEMENTS = 8192
+
+
 def _sweeps_per_item(total_sweeps, capacity, max_sweeps, min_sweeps):
     """Sweeps (THREADS * VEC) per work item: few enough items to fit one wave of the grid when the
     problem is small (latency: every load in flight at once), as much work per item as allowed
     when it is large (each item pays a ticket, a fence, an atomic and a few barriers)."""
     return max(min_sweeps, min(max_sweeps, -(-total_sweeps // capacity)))
+
+
+def _p1_sweeps(V, rows, sweep, capacity, opts):
+    """Sweeps per P1 item for `rows` rows of V elements, sweeps of `sweep` elements, a grid of
+    `capacity` resident blocks: sized from the occupancy, then lengthened to MIN_ITEM_ELEMENTS where
+    such items leave half the grid free (opts.min_sweeps None)."""
+    sized = _sweeps_per_item(-(-V // sweep) * rows, capacity, opts.max_sweeps, opts.min_sweeps or 1)
+    if opts.min_sweeps is None:
+        longer = max(sized, min(opts.max_sweeps, MIN_ITEM_ELEMENTS // sweep))
+        if 2 * rows * -(-V // (sweep * longer)) <= capacity:
+            return longer
+    return sized
 
 
 class _Plan:
@@ -143,7 +166,7 @@ class _Plan:
         capacity = _resident_blocks(device_id, name, opts.lineinfo, self.shared_bytes)
         sweep = THREADS * vec
         sweeps = -(-V // sweep)
-        C1 = sweep * (opts.p1_sweeps or _sweeps_per_item(sweeps * B * R, capacity, opts.max_sweeps, opts.min_sweeps))
+        C1 = sweep * (opts.p1_sweeps or _p1_sweeps(V, B * R, sweep, capacity, opts))
         S1 = -(-V // C1)
         if mode == MODE_WARPED:   # the statistics come from warp_rows.cu: no P1 items
             S1 = 0
@@ -155,7 +178,7 @@ class _Plan:
         elif spare >= B:
             C2 = sweep * -(-sweeps // max(1, spare // B))
         else:
-            C2 = sweep * _sweeps_per_item(sweeps * B, capacity, opts.max_sweeps, opts.min_sweeps)
+            C2 = sweep * _sweeps_per_item(sweeps * B, capacity, opts.max_sweeps, opts.min_sweeps or 1)
         S2 = -(-V // C2)
         per_request = R * S1 + S2
         items = B * per_request

@@ -87,3 +87,20 @@ def test_plan_argument_is_type_checked():
     t = np.zeros((1, 1), np.int32)
     with pytest.raises(TypeError, match="plan"):
         verify(t, np.zeros((1, 1, 4), np.float32), np.zeros((1, 2, 4), np.float32), plan={"grid": 1})
+
+
+def test_p1_items_lengthen_at_small_batches_only_where_half_the_grid_stays_free():
+    from specsample_cupy.kernels import PlanOptions, _p1_sweeps
+    R, cap, fp32, fp16 = 11, 528, 1024, 2048            # gamma 5; an H200's grid; elements per sweep
+    default, sized_only = PlanOptions(), PlanOptions(min_sweeps=1)
+    # B = 1: the occupancy alone cuts V = 151936 into 38 items of 4 sweeps; 8192 elements make 19.
+    assert _p1_sweeps(151936, R, fp32, cap, sized_only) == 4
+    assert _p1_sweeps(151936, R, fp32, cap, default) == 8
+    assert _p1_sweeps(151936, R, fp16, cap, default) == 4
+    assert _p1_sweeps(32000, 4 * R, fp32, cap, default) == 8        # B = 4: 176 items
+    # Where 8192-element items would fill more than half the grid the occupancy decides.
+    assert _p1_sweeps(151936, 2 * R, fp32, cap, default) == _p1_sweeps(151936, 2 * R, fp32, cap, sized_only) == 7
+    assert _p1_sweeps(32000, 8 * R, fp32, cap, default) == 6
+    # Large batches: longer items than the floor anyway.
+    assert _p1_sweeps(151936, 64 * R, fp32, cap, default) == _p1_sweeps(151936, 64 * R, fp32, cap, sized_only)
+    assert _p1_sweeps(151936, R, fp32, cap, PlanOptions(max_sweeps=2)) == 2
