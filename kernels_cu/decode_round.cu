@@ -381,6 +381,42 @@ __global__ void offset_streams(const long long* __restrict__ base, long long off
   out[2 * b + 1] = base[2 * b + 1] + offset;
 }
 
+// Continuous batching: the device state of n rows that take new requests (DeviceRounds.refill()), from
+// one upload `packed` (int64): rows [n] | seq [n, P] | seq_len [n] | limit [n] | seed [n] | offset base
+// [n] (the row's new request's Philox stream) | temperature [n] (float64 bits). state is the loop's
+// state buffer (seq [B, P] | seq_len [B] | limit [B] | finished [B] | eos [E] | mask_t [B, C] | mask_d
+// [B, C]); each row's slot masks are cleared (its prompt is prefilled next). streams ([B, 2], or null)
+// and temps ([B] float32, or null) are the rows' own stream bases and temperatures. One kernel in place
+// of a scatter per array. One block per refilled row; its threads stride over the row's P sequence
+// columns and each mask's C slots. Nothing is shared between blocks (the rows are distinct).
+__global__ void __launch_bounds__(SS_THREADS) refill_rows(const long long* __restrict__ packed, int n,
+                                                         long long* __restrict__ state, int B, int P, int C, int E,
+                                                         long long* __restrict__ streams, float* __restrict__ temps) {
+  const int k = blockIdx.x;
+  const long long b = packed[k];
+  const long long* seq = packed + n;
+  const long long* tail = seq + (long long)n * P;   // seq_len | limit | seed | base | temperature, n each
+  long long* row = state + b * P;
+  for (int j = threadIdx.x; j < P; j += blockDim.x) row[j] = seq[(long long)k * P + j];
+  long long* mask_t = state + (long long)B * P + 3LL * B + E;
+  long long* mask_d = mask_t + (long long)B * C;
+  for (int j = threadIdx.x; j < C; j += blockDim.x) {
+    mask_t[b * C + j] = 0;
+    mask_d[b * C + j] = 0;
+  }
+  if (threadIdx.x == 0) {
+    long long* seq_len = state + (long long)B * P;
+    seq_len[b] = tail[k];
+    seq_len[B + b] = tail[n + k];      // limit
+    seq_len[2 * B + b] = 0;            // finished
+    if (streams) {
+      streams[2 * b] = tail[2 * n + k];
+      streams[2 * b + 1] = tail[3 * n + k];
+    }
+    if (temps) temps[b] = (float)__longlong_as_double(tail[4 * n + k]);
+  }
+}
+
 // The instantiations decode_device.py launches (named here too so that an offline nvcc compiles them).
 #define SS_DRAFT_STEP_DONE(T, VEC)                                                                              \
   template __global__ void draft_step_done<T, VEC>(                                                             \

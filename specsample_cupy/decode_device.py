@@ -70,9 +70,9 @@ class _Commit(ctypes.Structure):
 
 def _functions(tag: str, vec: int):
     """decode_round.cu's (draft_step_done, round_done, compact_plan, target_step_done, ngram_target_feed,
-    offset_streams) as cupy.RawKernels for the current device."""
+    offset_streams, refill_rows) as cupy.RawKernels for the current device."""
     names = (f"draft_step_done<{tag}, {vec}>", "round_done", "compact_plan", f"target_step_done<{tag}, {vec}>",
-             "ngram_target_feed", "offset_streams")
+             "ngram_target_feed", "offset_streams", "refill_rows")
     return kernel_runtime.functions("decode_round.cu", names)
 
 
@@ -165,8 +165,12 @@ class _RoundBuffers:
         self.report_events = [cupy.cuda.Event(disable_timing=False) for _ in range(EVENTS)]
         self._dtype_name = target.logits_dtype.name   # float32 or float16 (supported())
         tag, vec = kernels.vec_width(self._dtype_name, self.V)   # run outputs: allocation-aligned
-        step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel, self.offset_streams = \
-            _functions(tag, vec)
+        step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel, self.offset_streams, \
+            refill_kernel = _functions(tag, vec)
+        c = ctypes   # refill_rows(packed, n, state, B, P, C, E, streams, temps): continuous batching's refills
+        self.refill_launch = kernel_runtime.Launch(refill_kernel, [
+            c.c_void_p(), c.c_int32(), c.c_void_p(self.state.data.ptr), c.c_int32(B), c.c_int32(P), c.c_int32(C),
+            c.c_int32(E), ("streams", c.c_void_p()), ("temps", c.c_void_p())])
         self.target_steps = {}   # S -> the target's _Step
         self.step_launches = []
         # Per call (start()): the truncation (draft steps warp their rows by it), the warps of verify()
@@ -714,34 +718,30 @@ class DeviceRounds:
         base = -self.joined[rows] * self.per_round
         seeds = self._seeds(rows)
         temps = np.zeros(n) if temperatures is None else np.asarray(temperatures, np.float64)
+        if temperatures is not None and not (isinstance(self.temperature, cupy.ndarray)
+                                             and self.temperature.dtype == cupy.float32):
+            raise TypeError("refill() with temperatures needs the loop's temperature as [B] float32 on the device")
+        # refill_rows's layout first (rows | seq | seq_len | limit | seed | base | temperature), then
+        # what target-only rounds feed (last token, its position).
         packed = np.concatenate([rows, seq.ravel(), req.seq_len[rows], req.prompt_len[rows] + req.budget[rows],
-                                 seeds, base, req.last_tokens()[rows], np.clip(req.seq_len[rows] - 1, 0, self.pos_limit),
-                                 temps.view(np.int64)])
+                                 seeds, base, temps.view(np.int64), req.last_tokens()[rows],
+                                 np.clip(req.seq_len[rows] - 1, 0, self.pos_limit)])
         with self.stream:
             up = self.dec.uploads.upload(packed, self.stream)
             at = np.cumsum([0, n, n * buf.P, n, n, n, n, n, n, n])
             part = lambda k: up[at[k]:at[k + 1]]
             at_rows = part(0)
-            dev = buf.dev
-            dev["seq"].reshape(B, buf.P)[at_rows] = part(1).reshape(n, buf.P)
-            dev["seq_len"][at_rows] = part(2)
-            dev["limit"][at_rows] = part(3)
-            dev["finished"][at_rows] = 0
-            for mask in self.masks.values():
-                mask[at_rows] = 0
-            if self._stream_base is not None:
-                self._stream_base[at_rows, 0] = part(4)
-                self._stream_base[at_rows, 1] = part(5)
-            if temperatures is not None:
-                self.temperature[at_rows] = part(8).view(cupy.float64)
+            buf.refill_launch(self.stream, n, THREADS, leading=(up.data.ptr, n),
+                              streams=0 if self._stream_base is None else self._stream_base.data.ptr,
+                              temps=0 if temperatures is None else self.temperature.data.ptr)
             if truncated:
                 buf.set_warps(warps, self.stream)
             self._prefill_rows(rows)
             if self.cap == 0:   # the next target step's feed for these rows: their last token, their slots
                 C = self.tc.capacity
                 feed = buf.target_steps[1].feed
-                feed[:B][at_rows] = part(6)
-                feed[B:2 * B][at_rows] = part(7)
+                feed[:B][at_rows] = part(7)
+                feed[B:2 * B][at_rows] = part(8)
                 feed_mask = feed[2 * B:].reshape(B, C + 1)
                 feed_mask[at_rows, :C] = self.masks["target"][at_rows]
                 feed_mask[at_rows, C] = 1
