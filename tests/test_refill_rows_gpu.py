@@ -46,5 +46,6 @@ def test_refill_rows_matches_reference(B, n, P, C):
         np.testing.assert_array_equal(cp.asnumpy(got), expected)
     # Without per-row streams and temperatures (null pointers) only the state changes.
     d_state = cp.asarray(state)
+    args = (d_packed, np.int32(n), d_state, np.int32(B), np.int32(P), np.int32(C), np.int32(E))
     kernel((n,), (256,), args + (np.uint64(0), np.uint64(0)))
     np.testing.assert_array_equal(cp.asnumpy(d_state), want[0])
