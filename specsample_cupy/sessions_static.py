@@ -70,6 +70,19 @@ def _widen_ids(device_id: int) -> _WidenIds:
     return _WidenIds()
 
 
+def _copy_columns(dst, dst_col: int, src, src_col: int, cols: int, stream) -> None:
+    """dst[:, dst_col:dst_col + cols] = src[:, src_col:src_col + cols] for 2-D arrays of one dtype with
+    contiguous rows: one 2-D copy on `stream` (a few µs of host time, against tens for a CuPy copy)."""
+    import cupy
+    if not (dst.flags.c_contiguous and src.flags.c_contiguous):
+        dst[:, dst_col:dst_col + cols] = src[:, src_col:src_col + cols]
+        return
+    item = dst.itemsize
+    cupy.cuda.runtime.memcpy2DAsync(dst.data.ptr + dst_col * item, dst.shape[1] * item,
+                                    src.data.ptr + src_col * item, src.shape[1] * item,
+                                    cols * item, dst.shape[0], _D2D, stream.ptr)
+
+
 class StaticKVCache(KVCache):
     """KVCache over one fixed buffer whose full capacity is the model's past: new columns are copied in
     (commit), holes stay until the buffer is full, and compaction happens in place."""
@@ -225,8 +238,9 @@ class StaticDecoderSession(DecoderSession):
             mask[:, length:C] = 0
             mask[:, C:] = new_mask
             plan.ring.send(slot, step.feed.data.ptr, host.nbytes, stream)
+            feed_mask = step.feed[2 * batch * S:].reshape(batch, C + S)
             if device_mask is not None:
-                step.feed[2 * batch * S:].reshape(batch, C + S)[:, :C] = device_mask
+                _copy_columns(feed_mask, 0, device_mask, 0, C, stream)
             if device_ids is not None and device_ids.shape[1]:
                 dst = step.ids[:, S - device_ids.shape[1]:]
                 if device_ids.dtype == np.int32 and device_ids.strides[1] == 4:
@@ -242,7 +256,7 @@ class StaticDecoderSession(DecoderSession):
                 step.present.data.ptr + C * D * item, (C + S) * D * item,
                 S * D * item, step.present.shape[0] * batch * self.n_kv_heads, _D2D, stream.ptr)
             if device_mask is not None:
-                device_mask[:, length:length + S] = step.feed[2 * batch * S:].reshape(batch, C + S)[:, C:]
+                _copy_columns(device_mask, length, feed_mask, C, S, stream)
         if device_mask is None:
             cache.advance(new_mask)
         else:
