@@ -34,9 +34,9 @@ A full cache is compacted on the device too (compact_plan), in stream order betw
 the masks never cross to the host and no compaction waits for a read.
 
 Continuous batching (continuous.py) refills a finished request's row the same way: refill() enqueues
-the newcomer's state (one upload and one kernel, refill_rows), its prompt's prefill runs (their attention masks copied from the device's slot
-masks) and the next round's feeds behind the round in flight; reports of rounds enqueued before a
-row's refill are not that row's (joined). Each row then samples at its own temperature and from its
+the newcomer's state (one upload and one kernel, refill_rows), its prompt's prefill runs (their
+attention masks copied from the device's slot masks) and the next round's feeds behind the round in
+flight; reports of rounds enqueued before a row's refill are not that row's (joined). Each row then samples at its own temperature and from its
 request's random stream (decode_round.cu's row_draw).
 
 Used on CUDA when the models run with fixed bindings (sessions_static), their logits share a dtype
