@@ -39,7 +39,7 @@ for dtype in ("float32", "float16"):
                         new.append(time_calls(cp, inputs, 20, **kw))
                     o, n = sorted(old)[1] * 1e6, sorted(new)[1] * 1e6
                     rows.append([dtype, V, G, B, name, s_old, s_new, round(o, 2), round(n, 2)])
-                    print(f"| {dtype} | {V} | {G} | {B} | {name} | {s_old}->{s_new} | {o:.1f} | {n:.1f} | {n / o:.3f} |",
-                          flush=True)
+                    print(f"| {dtype} | {V} | {G} | {B} | {name} | {s_old}->{s_new} | {o:.1f} | {n:.1f} | "
+                          f"{n / o:.3f} |", flush=True)
 json.dump({"cols": ["dtype", "V", "gamma", "B", "pass", "S1_old", "S1_new", "old_us", "new_us"], "rows": rows},
           open(sys.argv[1], "w"), separators=(",", ":"))

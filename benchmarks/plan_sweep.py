@@ -13,27 +13,18 @@ exact next to min-p.
                                      [--reps 30]
 """
 import argparse
-import statistics
 
 from specsample_cupy import kernels, verify
-from specsample_cupy.bench_verify import hold_device, make_inputs
+from specsample_cupy.bench_verify import device_seconds, make_inputs
 from specsample_cupy.warps import build_warps
 
 
 def time_calls(cp, inputs, reps, **kw):
     """Median device seconds of verify() over `reps` calls queued behind a busy kernel."""
-    stream = cp.cuda.get_current_stream()
     for k in range(3):
         verify(*inputs.next(), method="exact", seed=1, offset=k, **kw).accepted.get()
-    starts = [cp.cuda.Event() for _ in range(reps)]
-    ends = [cp.cuda.Event() for _ in range(reps)]
-    hold_device(cp, 0.002 + reps * 400e-6)
-    for k in range(reps):
-        starts[k].record(stream)
-        verify(*inputs.next(), method="exact", seed=1, offset=k, **kw)
-        ends[k].record(stream)
-    ends[-1].synchronize()
-    return statistics.median(cp.cuda.get_elapsed_time(s, e) * 1e-3 for s, e in zip(starts, ends))
+    return device_seconds(cp, lambda k: verify(*inputs.next(), method="exact", seed=1, offset=k, **kw), reps,
+                          per_call_s=400e-6)
 
 
 def main():

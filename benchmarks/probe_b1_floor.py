@@ -75,17 +75,9 @@ extern "C" __global__ void __launch_bounds__(256) read_plus_one(
 
 
 def time_calls(call, reps=40):
-    stream = cp.cuda.get_current_stream()
     for _ in range(3):
         call(0)
-    starts, ends = [cp.cuda.Event() for _ in range(reps)], [cp.cuda.Event() for _ in range(reps)]
-    bv.hold_device(cp, 0.002 + reps * 200e-6)
-    for k in range(reps):
-        starts[k].record(stream)
-        call(k)
-        ends[k].record(stream)
-    ends[-1].synchronize()
-    return float(np.median([cp.cuda.get_elapsed_time(s, e) * 1e3 for s, e in zip(starts, ends)]))
+    return bv.device_seconds(cp, call, reps) * 1e6
 
 
 def main():

@@ -145,34 +145,41 @@ def hold_device(cp, seconds):
     kern((1,), (1,), (np.int64(seconds * clock_hz),))
 
 
+def device_seconds(cp, call, reps, per_call_s=200e-6):
+    """Median device seconds of call(k), k = 0 .. reps-1, each between two CUDA events on the current
+    stream, all queued behind a busy kernel (hold_device) that outlasts their launches."""
+    stream = cp.cuda.get_current_stream()
+    starts = [cp.cuda.Event() for _ in range(reps)]
+    ends = [cp.cuda.Event() for _ in range(reps)]
+    hold_device(cp, 0.002 + reps * per_call_s)
+    for k in range(reps):
+        starts[k].record(stream)
+        call(k)
+        ends[k].record(stream)
+    ends[-1].synchronize()
+    return float(np.median([cp.cuda.get_elapsed_time(s, e) * 1e-3 for s, e in zip(starts, ends)]))
+
+
 def time_method(cp, method, inputs, reps, temperature=1.0):
     """(median device seconds per call from CUDA events, median wall seconds per call including
     reading `accepted` to the host). A truncation is built once (build_warps), as a decoding loop
     does: built per call, its three uploads from pageable memory would wait for the stream and put
     host time between the events."""
     from specsample_cupy.warps import build_warps
-    stream = cp.cuda.get_current_stream()
     target = _next_input(inputs, 0)[2]
     spec = parse_method(method)[1]
     warps = build_warps(cp, target.shape[0], target.shape[2], temperature, **spec) if spec else None
     call = functools.partial(call_verify, warps=warps)
     for k in range(3):
         call(method, _next_input(inputs, k), temperature=temperature, seed=1, offset=k).accepted.get()
-    starts = [cp.cuda.Event() for _ in range(reps)]
-    ends = [cp.cuda.Event() for _ in range(reps)]
-    hold_device(cp, 0.002 + reps * 200e-6)
-    for k in range(reps):
-        starts[k].record(stream)
-        call(method, _next_input(inputs, k), temperature=temperature, seed=1, offset=k)
-        ends[k].record(stream)
-    ends[-1].synchronize()
-    device = [cp.cuda.get_elapsed_time(s, e) * 1e-3 for s, e in zip(starts, ends)]
+    device = device_seconds(cp, lambda k: call(method, _next_input(inputs, k), temperature=temperature, seed=1,
+                                               offset=k), reps)
     wall = []
     for k in range(reps):
         t0 = time.perf_counter()
         call(method, _next_input(inputs, k), temperature=temperature, seed=2, offset=k).accepted.get()
         wall.append(time.perf_counter() - t0)
-    return float(np.median(device)), float(np.median(wall))
+    return device, float(np.median(wall))
 
 
 def run(methods, vocabs, gammas, batches, dtypes, reps=30, progress=None):

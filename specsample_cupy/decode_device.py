@@ -36,8 +36,8 @@ the masks never cross to the host and no compaction waits for a read.
 Continuous batching (continuous.py) refills a finished request's row the same way: refill() enqueues
 the newcomer's state (one upload and one kernel, refill_rows), its prompt's prefill runs (their
 attention masks copied from the device's slot masks) and the next round's feeds behind the round in
-flight; reports of rounds enqueued before a row's refill are not that row's (joined). Each row then samples at its own temperature and from its
-request's random stream (decode_round.cu's row_draw).
+flight; reports of rounds enqueued before a row's refill are not that row's (joined). Each row then
+samples at its own temperature and from its request's random stream (decode_round.cu's row_draw).
 
 Used on CUDA when the models run with fixed bindings (sessions_static), their logits share a dtype
 (float32/float16) and the vocabulary fits one block's row sampler; otherwise decode_host runs.
@@ -423,9 +423,9 @@ class DeviceCost:
 
 def calibrate_model_costs(decoder, buf: _RoundBuffers, gammas, replays: int = 5) -> dict:
     """GPU seconds of a round's model runs for each gamma (the draft's S = 2 run, gamma - 1 S = 1 runs,
-    the target's S = gamma + 1 run; gamma = 0: a target-only step's S = 1 run), from replays of each captured graph between CUDA events. Runs
-    before a call's first round writes any feed (the feeds are zeroed first: every id in range), and
-    kept per plan by the decoder."""
+    the target's S = gamma + 1 run; gamma = 0: a target-only step's S = 1 run), from replays of each
+    captured graph between CUDA events. Runs before a call's first round writes any feed (the feeds
+    are zeroed first: every id in range), and kept per plan by the decoder."""
     import cupy
     key = (buf.plans, tuple(gammas))
     kept = decoder._model_costs.get(key)
@@ -728,9 +728,6 @@ class DeviceRounds:
                                  np.clip(req.seq_len[rows] - 1, 0, self.pos_limit)])
         with self.stream:
             up = self.dec.uploads.upload(packed, self.stream)
-            at = np.cumsum([0, n, n * buf.P, n, n, n, n, n, n, n])
-            part = lambda k: up[at[k]:at[k + 1]]
-            at_rows = part(0)
             buf.refill_launch(self.stream, n, THREADS, leading=(up.data.ptr, n),
                               streams=0 if self._stream_base is None else self._stream_base.data.ptr,
                               temps=0 if temperatures is None else self.temperature.data.ptr)
@@ -738,10 +735,11 @@ class DeviceRounds:
                 buf.set_warps(warps, self.stream)
             self._prefill_rows(rows)
             if self.cap == 0:   # the next target step's feed for these rows: their last token, their slots
+                at_rows, last, pos = up[:n], up[-2 * n:-n], up[-n:]
                 C = self.tc.capacity
                 feed = buf.target_steps[1].feed
-                feed[:B][at_rows] = part(7)
-                feed[B:2 * B][at_rows] = part(8)
+                feed[:B][at_rows] = last
+                feed[B:2 * B][at_rows] = pos
                 feed_mask = feed[2 * B:].reshape(B, C + 1)
                 feed_mask[at_rows, :C] = self.masks["target"][at_rows]
                 feed_mask[at_rows, C] = 1
