@@ -52,6 +52,7 @@ import numpy as np
 
 from specsample_cupy import errors, kernel_runtime, kernels
 from specsample_cupy.decode_stats import Round
+from specsample_cupy.gamma_policy import expected_accepted
 from specsample_cupy.ngram import propose_ngram_device
 from specsample_cupy.sampling import ROW_SAMPLER_MAX_V
 from specsample_cupy.sessions_static import StaticDecoderSession
@@ -178,6 +179,7 @@ class _RoundBuffers:
         # whether logprobs are written; and the launcher of warp_rows over sampled rows (first use).
         self.truncation, self.warps, self.logprobs, self.row_warps = None, None, False, None
         self.ngram_feed_launch = None   # prompt-lookup rounds only
+        self.expected_launch = self.host_beta = None   # expected_accept's, at first use (expected_acceptance())
         if G == 0:
             self._build_target_only(target, target_kernel)
         elif draft is None:
@@ -362,6 +364,28 @@ class _RoundBuffers:
             record = self.row_warps.record.data.ptr
         for launch in [self.target_launch] if self.G == 0 else self.step_launches:
             launch.set(warp_record=record)
+
+    def expected_acceptance(self, stream, target_logits, gamma: int, temperature, r: int) -> None:
+        """Enqueue kernels_cu/expected_accept.cu over round r's rows (target_logits [B, gamma + 1, V], the
+        draft's in draft_logits; temperature: a float > 0 or [B] float32 on the device): each draft
+        position's acceptance probability into host_beta[r % 2][:B * gamma] ([B, gamma], read with
+        the round's report; 0 past a row's draft_len)."""
+        if self.expected_launch is None:
+            import cupy
+            tag, vec = kernels.vec_width(self._dtype_name, self.V)
+            kernel, = kernel_runtime.functions("expected_accept.cu", (f"expected_accept<{tag}, {vec}>",))
+            c = ctypes
+            self.expected_launch = kernel_runtime.Launch(kernel, [
+                ("target", c.c_void_p()), c.c_void_p(self.draft_logits.data.ptr), ("G", c.c_int32()),
+                c.c_int32(self.V), ("temperature", c.c_float()), ("temps", c.c_void_p()),
+                c.c_void_p(self.draft_len.data.ptr), ("out", c.c_void_p())])
+            pinned = cupy.cuda.alloc_pinned_memory(2 * self.B * self.G * 4)
+            self._pinned_beta = pinned
+            self.host_beta = np.frombuffer(pinned, np.float32, 2 * self.B * self.G).reshape(2, self.B * self.G)
+        per_row = not isinstance(temperature, (int, float))
+        self.expected_launch(stream, self.B * gamma, THREADS, target=target_logits.data.ptr, G=gamma,
+                             temperature=1.0 if per_row else float(temperature),
+                             temps=temperature.data.ptr if per_row else 0, out=self.host_beta[r % 2].ctypes.data)
 
     def logprobs_slot(self, r: int) -> int:
         """Where round r's kernels write its tokens' log-probabilities (0: not asked for)."""
@@ -601,6 +625,8 @@ class DeviceRounds:
             res = verify(draft_tokens, draft_logits, target_step.logits, method=self.method,
                          temperature=self.temperature, **self._verify_draws(base + self.cap),
                          draft_lengths=buf.draft_len, warps=buf.warps, logprobs=buf.logprobs)
+        if self.policy.expected:   # what auto gamma counts in place of the accepted drafts
+            buf.expected_acceptance(stream, target_step.logits, gamma, self.temperature, r)
         done = buf.done_launch
         buf.set_commit(done.commit, gamma + 1, L)
         self._keep = res   # its buffer must outlive the launch
@@ -653,7 +679,11 @@ class DeviceRounds:
             for b in np.flatnonzero(taken).tolist():
                 self.logprobs[b].extend(float(x) for x in lp[b, :taken[b]])
         accepted = result.emitted - 1 if G else np.zeros(B, np.int64)
-        rnd = Round(active, draft_len, accepted, taken, G)
+        expected = None
+        if G and self.policy.expected:
+            beta = self.buf.host_beta[r % 2][:B * G].reshape(B, G).astype(np.float64)
+            expected = expected_accepted(beta, draft_len, accepted)
+        rnd = Round(active, draft_len, accepted, taken, G, expected)
         seconds = None
         if r > 0 and getattr(self.policy, "cost", None) is not None:   # GPU time between two reports
             import cupy

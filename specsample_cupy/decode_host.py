@@ -22,6 +22,7 @@ import numpy as np
 
 from specsample_cupy import errors
 from specsample_cupy.decode_stats import Round
+from specsample_cupy.gamma_policy import expected_acceptance, expected_accepted
 from specsample_cupy.ngram import propose_ngram
 from specsample_cupy.sampling import sample_result, sample_tokens
 from specsample_cupy.verify import verify
@@ -120,8 +121,8 @@ class HostRounds:
                 taken = self._target_step(r)
                 rnd = Round(active, np.zeros(self.req.batch, np.int64), np.zeros(self.req.batch, np.int64), taken, 0)
             else:
-                draft_len, accepted, taken = self._speculative_round(r, gamma)
-                rnd = Round(active, draft_len, accepted, taken, gamma)
+                draft_len, accepted, taken, expected = self._speculative_round(r, gamma)
+                rnd = Round(active, draft_len, accepted, taken, gamma, expected)
             self.policy.observe(rnd, time.perf_counter() - started)
             self.round = r + 1   # before the yield: rows refilled meanwhile start at the next round
             yield rnd
@@ -186,6 +187,10 @@ class HostRounds:
                          temperature=self.temperature, **self._draws(r, self.policy.cap),
                          draft_lengths=lengths, logprobs=self.logprobs is not None, **self.truncation_kw)
         result = self._read(res)
+        expected = None
+        if self.policy.expected:   # what auto gamma counts in place of the accepted drafts
+            beta = expected_acceptance(dec.xp, draft_logits, target_logits, self.temperature, draft_len)
+            expected = expected_accepted(beta, draft_len, result.emitted - 1)
 
         # 4. Append the accepted tokens; roll both caches back to what they have seen of the new sequences.
         taken = req.append(result.tokens, result.emitted)
@@ -193,7 +198,7 @@ class HostRounds:
         self.tc.rollback(req.seq_len - 1)
         if self.dc is not None:
             self.dc.rollback(req.seq_len - 1)
-        return draft_len, result.emitted - 1, taken
+        return draft_len, result.emitted - 1, taken, expected
 
     def _ngram_proposals(self, gamma: int):
         """(draft_tokens [B, g] on the loop's device, draft_len [B], None): prompt lookup over each

@@ -95,12 +95,14 @@ class Round:
     """What one round did, as the loop reports it to the host (all host arrays [B]):
     active: rows unfinished before the round; draft_len: drafts proposed; accepted: drafts accepted;
     taken: tokens the rows took (after EOS and budget cuts); gamma: the round's gamma (0: a target
-    step)."""
+    step); expected_accepted: None, or (where the gamma policy asks: policy.expected) [B] float64, the
+    accepted count's expectation over the positions tried (gamma_policy.expected_accepted)."""
     active: np.ndarray
     draft_len: np.ndarray
     accepted: np.ndarray
     taken: np.ndarray
     gamma: int
+    expected_accepted: np.ndarray | None = None
 
 
 class Totals:

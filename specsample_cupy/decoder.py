@@ -270,7 +270,8 @@ class SpeculativeDecoder:
             wall_start = time.perf_counter()
             # Set-up: the requests' state, the gamma policy, both caches.
             policy = make_policy(gamma if speculative else 0, policy_mode, gamma_min, gamma_max,
-                                 temperature=0.0 if method == "greedy" else temperature)
+                                 temperature=0.0 if method == "greedy" else temperature,
+                                 expected=method == "exact" and not truncation and self.draft is not None)
             req = self._requests(prompts, max_new_tokens, policy.cap, ignore_eos)
             sessions = (self.target, self.draft) if speculative and self.draft is not None else (self.target,)
             clock = Clock(self.stream, self._events)

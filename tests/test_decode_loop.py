@@ -261,21 +261,28 @@ def test_policy_arguments_are_checked():
 
 def test_auto_gamma_forgets_faster_for_greedy_than_for_sampling(decoder, monkeypatch):
     """Greedy acceptance comes in runs, sampled acceptance with the draws (gamma_policy's docstring):
-    generate() hands the call's temperature to the policy, greedy decoding as 0."""
+    generate() hands the call's temperature to the policy, greedy decoding as 0; exact sampling with
+    a draft model observes expected acceptance instead of counts, and remembers longer."""
     from specsample_cupy import decoder as decoder_module
-    from specsample_cupy.gamma_policy import FORGET_GREEDY, FORGET_SAMPLED
-    assert FORGET_GREEDY < FORGET_SAMPLED
+    from specsample_cupy.gamma_policy import FORGET_EXPECTED, FORGET_GREEDY, FORGET_SAMPLED
+    assert FORGET_GREEDY < FORGET_SAMPLED < FORGET_EXPECTED
     made = []
     real = decoder_module.make_policy
     monkeypatch.setattr(decoder_module, "make_policy", lambda *a, **kw: made.append(real(*a, **kw)) or made[-1])
-    for method, temperature in (("greedy", 1.0), ("exact", 0.0), ("exact", 0.7)):
+    for method, temperature in (("greedy", 1.0), ("exact", 0.0), ("sigmoid", 0.7), ("exact", 0.7)):
         decoder.generate(PROMPTS[:2], max_new_tokens=6, gamma="auto", method=method, temperature=temperature)
-    assert [p.forget for p in made] == [FORGET_GREEDY, FORGET_GREEDY, FORGET_SAMPLED]
-    policy = made[-1]
+    assert [p.forget for p in made] == [FORGET_GREEDY, FORGET_GREEDY, FORGET_SAMPLED, FORGET_EXPECTED]
+    assert [p.expected for p in made] == [False, False, False, True]
+    counting, expecting = made[2], made[3]
     rnd = Round(np.array([True, True]), np.array([4, 4]), np.array([4, 1]), np.array([5, 2]), 4)
-    before = list(policy.successes)
-    policy.observe(rnd)
-    assert policy.successes == pytest.approx([FORGET_SAMPLED * before[0] + 4, FORGET_SAMPLED * before[1] + 1])
+    before = list(counting.successes)
+    counting.observe(rnd)
+    assert counting.successes == pytest.approx([FORGET_SAMPLED * before[0] + 4, FORGET_SAMPLED * before[1] + 1])
+    rnd.expected_accepted = np.array([3.25, 0.5])
+    before, trials = list(expecting.successes), list(expecting.trials)
+    expecting.observe(rnd)
+    assert expecting.successes == pytest.approx([FORGET_EXPECTED * before[0] + 3.25, FORGET_EXPECTED * before[1] + 0.5])
+    assert expecting.trials == pytest.approx([FORGET_EXPECTED * trials[0] + 4, FORGET_EXPECTED * trials[1] + 2])
 
 
 def test_device_cost_is_model_time_plus_the_fitted_rest():

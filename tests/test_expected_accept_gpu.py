@@ -1,0 +1,61 @@
+"""kernels_cu/expected_accept.cu against gamma_policy.expected_acceptance (its NumPy reference), and the
+device loop reporting it to automatic gamma for exact sampling."""
+import numpy as np
+import pytest
+
+from specsample_cupy import kernel_runtime, kernels
+from specsample_cupy.gamma_policy import expected_acceptance
+
+from helpers_decode_gpu import GPU_DECODE, PROMPTS, on_device  # noqa: F401
+
+pytestmark = GPU_DECODE
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("V", [32000, 1001])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_expected_accept_matches_reference(dtype, V, per_row):
+    import cupy as cp
+    rng = np.random.default_rng(V + per_row)
+    B, G = 3, 5
+    target = rng.normal(0, 3, (B, G + 1, V)).astype(dtype)
+    draft = (target[:, :G] + rng.normal(0, 1.5, (B, G, V))).astype(dtype)   # related rows: beta well inside (0, 1)
+    target[0, 1, :7] = -np.inf                                                # masked entries count as p = 0
+    temps = np.array([1.0, 0.7, 1.6], np.float32)
+    draft_len = np.array([5, 2, 0], np.int32)
+    tag, vec = kernels.vec_width(dtype, V)
+    kernel, = kernel_runtime.functions("expected_accept.cu", (f"expected_accept<{tag}, {vec}>",))
+    t, d, lens = cp.asarray(target), cp.asarray(draft), cp.asarray(draft_len)
+    out = cp.full(B * G, -1, cp.float32)
+    temps_dev = cp.asarray(temps)
+    kernel((B * G,), (256,), (t, d, np.int32(G), np.int32(V), np.float32(0.0 if per_row else 1.3),
+                              temps_dev if per_row else np.uint64(0), lens, out))
+    want = expected_acceptance(np, draft, target, temps if per_row else 1.3, draft_len)
+    got = out.get().reshape(B, G)
+    assert (0.05 < want[draft_len[:, None] > np.arange(G)]).all()
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_device_loop_reports_expected_acceptance_to_auto_gamma(on_device, temperature):
+    """Every speculative round of an auto-gamma exact call carries each request's expected accepted count
+    over the positions it tried; over the call it tracks the accepted count (their difference is a
+    martingale whose variance is at most a quarter of the positions tried: within 5 standard deviations)."""
+    rounds = []
+    out = on_device.generate(PROMPTS, max_new_tokens=80, gamma="auto", method="exact", temperature=temperature,
+                             seed=4, ignore_eos=True, on_round=lambda rnd, req: rounds.append(rnd))
+    assert out.stats["device_rounds"] is True
+    speculative = [r for r in rounds if r.gamma]
+    assert len(speculative) > 10
+    exp_total = acc_total = var = 0.0
+    for rnd in speculative:
+        tried = np.where(rnd.active, np.minimum(rnd.accepted + 1, rnd.draft_len), 0)
+        e = rnd.expected_accepted
+        assert e is not None and np.isfinite(e).all()
+        assert np.all(e >= -1e-6) and np.all(e <= tried + 1e-4) and np.all(e[tried == 0] == 0)
+        live = rnd.active & (rnd.draft_len > 0)
+        exp_total += e[live].sum()
+        acc_total += rnd.accepted[live].sum()
+        var += tried[live].sum() / 4
+    assert abs(acc_total - exp_total) <= 5 * np.sqrt(var), (acc_total, exp_total, var)
+
