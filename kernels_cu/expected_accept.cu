@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(SS_THREADS) expected_accept(
   // Logits in log2 units at the row's temperature: p(x) = 2^(z2(x) - m) / s.
   const float scale = 1.4426950408889634f / (temperatures ? temperatures[b] : temperature);
 
-  SoftmaxStat st = {-INFINITY, 0.0f, 0}, sd = {-INFINITY, 0.0f, 0};
+  const float neg_inf = -__int_as_float(0x7f800000);
+  SoftmaxStat st = {neg_inf, 0.0f, 0}, sd = {neg_inf, 0.0f, 0};
   for (int j = threadIdx.x * VEC; j < V; j += SS_THREADS * VEC) {
     float x[VEC], y[VEC];
     load_vec<T, VEC>(t + j, x);
@@ -41,9 +42,9 @@ __global__ void __launch_bounds__(SS_THREADS) expected_accept(
     for (int k = 0; k < VEC; ++k) {
       const float zx = x[k] * scale, zy = y[k] * scale;
       if (zx > st.m) { st.s = st.s * ex2_approx(st.m - zx) + 1.0f; st.m = zx; }
-      else if (zx > -INFINITY) st.s += ex2_approx(zx - st.m);
+      else if (zx > neg_inf) st.s += ex2_approx(zx - st.m);
       if (zy > sd.m) { sd.s = sd.s * ex2_approx(sd.m - zy) + 1.0f; sd.m = zy; }
-      else if (zy > -INFINITY) sd.s += ex2_approx(zy - sd.m);
+      else if (zy > neg_inf) sd.s += ex2_approx(zy - sd.m);
     }
   }
   // combine() rescales with natural exponentials: the statistics are in log2 units, so convert.
