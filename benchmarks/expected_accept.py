@@ -1,6 +1,6 @@
-"""Device time of kernels_cu/expected_accept.cu (auto gamma's expected acceptance, one block per draft
-position) beside verify(method="exact") on the same rows, measured as `bench verify` measures (CUDA
-events, calls queued behind a busy kernel). In the decode loop the kernel follows verify() on the rows
+"""Device time of kernels_cu/expected_accept.cu (auto gamma's expected acceptance: two launches of one
+block per draft position and vocabulary slice) beside verify(method="exact") on the same rows, measured
+as `bench verify` measures (CUDA events, calls queued behind a busy kernel). In the decode loop the kernel follows verify() on the rows
 verify() has just read: "reused" times both on one input set (in the L2 where it fits: B * (2 gamma
 + 1) rows), "rotated" on input sets rotated through twice the L2 (read from HBM), for comparison.
 Usage (GPU): python3 benchmarks/expected_accept.py [JSON_OUT]"""
@@ -11,18 +11,18 @@ import cupy as cp
 import numpy as np
 
 from specsample_cupy import bench_verify as bv
-from specsample_cupy import kernel_runtime, kernels
+from specsample_cupy.expected_accept import ExpectedAcceptance
 
 
 def expected_call(B, G, V, dtype):
-    tag, vec = kernels.vec_width(np.dtype(dtype).name, V)
-    kernel, = kernel_runtime.functions("expected_accept.cu", (f"expected_accept<{tag}, {vec}>",))
+    stream = cp.cuda.get_current_stream()
+    run = ExpectedAcceptance(np.dtype(dtype).name, B, G, V, stream)
     lens = cp.full(B, G, cp.int32)
     out = cp.empty(B * G, cp.float32)
 
     def call(inputs):
         _, draft, target = inputs
-        kernel((B * G,), (256,), (target, draft, np.int32(G), np.int32(V), np.float32(1.0), np.uint64(0), lens, out))
+        run(stream, target.data.ptr, draft.data.ptr, B, G, 1.0, lens.data.ptr, out.data.ptr)
     return call
 
 

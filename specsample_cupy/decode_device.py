@@ -52,6 +52,7 @@ import numpy as np
 
 from specsample_cupy import errors, kernel_runtime, kernels
 from specsample_cupy.decode_stats import Round
+from specsample_cupy.expected_accept import ExpectedAcceptance
 from specsample_cupy.gamma_policy import expected_accepted
 from specsample_cupy.ngram import propose_ngram_device
 from specsample_cupy.sampling import ROW_SAMPLER_MAX_V
@@ -179,7 +180,7 @@ class _RoundBuffers:
         # whether logprobs are written; and the launcher of warp_rows over sampled rows (first use).
         self.truncation, self.warps, self.logprobs, self.row_warps = None, None, False, None
         self.ngram_feed_launch = None   # prompt-lookup rounds only
-        self.expected_launch = self.host_beta = None   # expected_accept's, at first use (expected_acceptance())
+        self.expected = self.host_beta = None   # expected_accept.cu's launches, at first use (expected_acceptance())
         if G == 0:
             self._build_target_only(target, target_kernel)
         elif draft is None:
@@ -370,22 +371,14 @@ class _RoundBuffers:
         draft's in draft_logits; temperature: a float > 0 or [B] float32 on the device): each draft
         position's acceptance probability into host_beta[r % 2][:B * gamma] ([B, gamma], read with
         the round's report; 0 past a row's draft_len)."""
-        if self.expected_launch is None:
+        if self.expected is None:
             import cupy
-            tag, vec = kernels.vec_width(self._dtype_name, self.V)
-            kernel, = kernel_runtime.functions("expected_accept.cu", (f"expected_accept<{tag}, {vec}>",))
-            c = ctypes
-            self.expected_launch = kernel_runtime.Launch(kernel, [
-                ("target", c.c_void_p()), c.c_void_p(self.draft_logits.data.ptr), ("G", c.c_int32()),
-                c.c_int32(self.V), ("temperature", c.c_float()), ("temps", c.c_void_p()),
-                c.c_void_p(self.draft_len.data.ptr), ("out", c.c_void_p())])
+            self.expected = ExpectedAcceptance(self._dtype_name, self.B, self.G, self.V, stream)
             pinned = cupy.cuda.alloc_pinned_memory(2 * self.B * self.G * 4)
             self._pinned_beta = pinned
             self.host_beta = np.frombuffer(pinned, np.float32, 2 * self.B * self.G).reshape(2, self.B * self.G)
-        per_row = not isinstance(temperature, (int, float))
-        self.expected_launch(stream, self.B * gamma, THREADS, target=target_logits.data.ptr, G=gamma,
-                             temperature=1.0 if per_row else float(temperature),
-                             temps=temperature.data.ptr if per_row else 0, out=self.host_beta[r % 2].ctypes.data)
+        self.expected(stream, target_logits.data.ptr, self.draft_logits.data.ptr, self.B, gamma, temperature,
+                      self.draft_len.data.ptr, self.host_beta[r % 2].ctypes.data)
 
     def logprobs_slot(self, r: int) -> int:
         """Where round r's kernels write its tokens' log-probabilities (0: not asked for)."""
