@@ -10,7 +10,8 @@ judged by the rounds it chooses, as on the GPU, minus the loop's overhead (effic
     --method greedy   exact replay: greedy tokens do not depend on gamma, so each prompt's agreement
                       run A(t) (how many of the draft's greedy tokens from position t on match the
                       target's) is computed once, and a round at t with d drafts accepts min(d, A(t))
-    --method exact    the CPU decoder runs every configuration (T = 1, seeds 0..N-1)
+    --method exact    the CPU decoder runs every configuration (T = 1, seeds 0..N-1); auto gamma
+                      counts each round's expected acceptance, as generate() hands it the policy
 
 Auto gamma runs as the benchmark runs it: a warm-up call per seed, then the measured calls, on one
 decoder (what a call keeps for the next applies). Costs are the table's, not measured.
