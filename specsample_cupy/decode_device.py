@@ -55,6 +55,7 @@ from specsample_cupy.decode_stats import Round
 from specsample_cupy.expected_accept import ExpectedAcceptance
 from specsample_cupy.gamma_policy import expected_accepted
 from specsample_cupy.ngram import propose_ngram_device
+from specsample_cupy.pinned import host_array
 from specsample_cupy.sampling import ROW_SAMPLER_MAX_V
 from specsample_cupy.sessions_static import StaticDecoderSession
 from specsample_cupy.verify import VerifyResult, verify
@@ -139,9 +140,7 @@ class _RoundBuffers:
         self.B, self.C, self.P, self.G, self.E, self.V = B, C, P, G, E, target.vocab_size
         sizes = dict(seq=B * P, seq_len=B, limit=B, finished=B, eos=E, mask_t=B * C, mask_d=B * C)
         total = sum(sizes.values())
-        pinned = cupy.cuda.alloc_pinned_memory(total * 8)
-        self._pinned_state = pinned
-        self.host_state = np.frombuffer(pinned, np.int64, total)
+        self.host_state = host_array(total, np.int64)
         with stream:
             self.state = cupy.zeros(total, cupy.int64)
             self.draft_len = cupy.zeros(B, cupy.int32)
@@ -156,14 +155,10 @@ class _RoundBuffers:
             at += size
         # Each round's last kernel writes its report straight into page-locked host memory (with unified
         # addressing its host address is valid on the device): no copy command per round.
-        pinned = cupy.cuda.alloc_pinned_memory(2 * self.report_size * 4)
-        self._pinned_reports = pinned
-        self.host_reports = np.frombuffer(pinned, np.int32, 2 * self.report_size).reshape(2, self.report_size)
+        self.host_reports = host_array((2, self.report_size), np.int32)
         self.host_reports[...] = 0
         # Log-probabilities of each round's tokens (generate(logprobs=True)), beside the reports.
-        pinned = cupy.cuda.alloc_pinned_memory(2 * B * (G + 1) * 4)
-        self._pinned_logprobs = pinned
-        self.host_logprobs = np.frombuffer(pinned, np.float32, 2 * B * (G + 1)).reshape(2, B * (G + 1))
+        self.host_logprobs = host_array((2, B * (G + 1)), np.float32)
         self.report_events = [cupy.cuda.Event(disable_timing=False) for _ in range(EVENTS)]
         self._dtype_name = target.logits_dtype.name   # float32 or float16 (supported())
         tag, vec = kernels.vec_width(self._dtype_name, self.V)   # run outputs: allocation-aligned
@@ -298,9 +293,8 @@ class _RoundBuffers:
         read by the kernels as they run: the caller keeps them alive and unchanged for the call."""
         import cupy
         host, B = self.host, self.B
-        per_row = isinstance(temperature, cupy.ndarray)
-        draws = dict(temperature=1.0 if per_row else temperature, seed=seed & (2 ** 64 - 1),
-                     temps=temperature.data.ptr if per_row else 0,
+        scalar, per_row = kernel_runtime.temperature_args(temperature)
+        draws = dict(temperature=scalar, seed=seed & (2 ** 64 - 1), temps=per_row,
                      streams=0 if stream_base is None else stream_base.data.ptr)
         self.logprobs = logprobs
         self.set_warps(warps, stream)
@@ -372,11 +366,8 @@ class _RoundBuffers:
         position's acceptance probability into host_beta[r % 2][:B * gamma] ([B, gamma], read with
         the round's report; 0 past a row's draft_len)."""
         if self.expected is None:
-            import cupy
             self.expected = ExpectedAcceptance(self._dtype_name, self.B, self.G, self.V, stream)
-            pinned = cupy.cuda.alloc_pinned_memory(2 * self.B * self.G * 4)
-            self._pinned_beta = pinned
-            self.host_beta = np.frombuffer(pinned, np.float32, 2 * self.B * self.G).reshape(2, self.B * self.G)
+            self.host_beta = host_array((2, self.B * self.G), np.float32)
         self.expected(stream, target_logits.data.ptr, self.draft_logits.data.ptr, self.B, gamma, temperature,
                       self.draft_len.data.ptr, self.host_beta[r % 2].ctypes.data)
 

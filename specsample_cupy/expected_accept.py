@@ -38,9 +38,8 @@ class ExpectedAcceptance:
         the acceptance probability of each draft position, 0 at i >= draft_len[b]. target: [B, G + 1, V],
         draft: [B, G, V] (addresses, allocation-aligned); temperature: a float > 0 or [B] float32 on the
         device; draft_len: [B] int32 on the device."""
-        per_row = not isinstance(temperature, (int, float))
-        args = dict(target=target, draft=draft, G=G, temperature=1.0 if per_row else float(temperature),
-                    temps=temperature.data.ptr if per_row else 0, draft_len=draft_len)
+        scalar, per_row = kernel_runtime.temperature_args(temperature)
+        args = dict(target=target, draft=draft, G=G, temperature=scalar, temps=per_row, draft_len=draft_len)
         grid = B * G * self.S
         self.first(stream, grid, THREADS, **args)
         self.second(stream, grid, THREADS, out=out, **args)

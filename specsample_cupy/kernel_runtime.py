@@ -27,6 +27,7 @@ capturing stream, as verify() documents).
 import collections
 import ctypes
 import functools
+import numbers
 import re
 import threading
 from importlib import resources
@@ -127,6 +128,15 @@ class Launch:
         with self._lock:
             self._write(leading, named)
             self._driver(self.func, grid, 1, 1, block, 1, 1, shared_bytes, stream.ptr, self._params_ptr, 0)
+
+
+def temperature_args(temperature) -> tuple[float, int]:
+    """(scalar, pointer) for kernels that take `float temperature, const float* temperatures`: a
+    number goes in the scalar (pointer 0); [B] float32 on the device is passed by address, the
+    scalar then 1.0 (unused)."""
+    if isinstance(temperature, numbers.Real):
+        return float(temperature), 0
+    return 1.0, temperature.data.ptr
 
 
 @functools.cache

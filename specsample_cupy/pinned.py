@@ -18,6 +18,15 @@ MIN_SLOT_BYTES = 4096
 _H2D = 1   # cudaMemcpyKind
 
 
+def host_array(shape, dtype) -> np.ndarray:
+    """A NumPy array over new page-locked host memory (which the array keeps alive). With unified
+    addressing its address is valid on the device too: kernels may write it directly."""
+    import cupy
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape))
+    return np.frombuffer(cupy.cuda.alloc_pinned_memory(max(n, 1) * dtype.itemsize), dtype, n).reshape(shape)
+
+
 class PinnedRing:
     """`slots` page-locked host buffers (and device twins, for upload()), grown on demand."""
 
@@ -29,14 +38,13 @@ class PinnedRing:
 
     def take(self, nbytes: int) -> tuple[int, np.ndarray]:
         """(slot, uint8 host buffer of at least nbytes) whose previous copy has run; fill it, then send()."""
-        import cupy
         i = self._next
         self._next = (i + 1) % len(self._host)
         if self._events[i] is not None:
             self._events[i].synchronize()
         if self._host[i] is None or self._host[i].nbytes < nbytes:
             size = max(nbytes, MIN_SLOT_BYTES)
-            self._host[i] = np.frombuffer(cupy.cuda.alloc_pinned_memory(size), np.uint8, size)
+            self._host[i] = host_array(size, np.uint8)
         return i, self._host[i]
 
     def send(self, slot: int, dst_ptr: int, nbytes: int, stream) -> None:
