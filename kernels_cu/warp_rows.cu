@@ -14,9 +14,10 @@
 //   1. the row maximum M and first argmax, and the NaN/+Inf check;
 //   2. top-k and top-p: a select over d: first WR_BINS bins linear in d over all entries (spread
 //      out, so shared-memory atomics rarely collide; masses in fixed point, see linear_fill), then
-//      the entries of the linear bin chosen: gathered and sorted when they are few (the usual
-//      case), else a radix select over the bits of d (non-negative floats order like their bits;
-//      11, 10 and 10 bits). Each histogram pass: every block histograms its slice (count and/or
+//      the entries of the linear bin chosen: gathered when they are few (the usual case) and
+//      selected by rank (each thread counts the entries at or below its own; up to WR_THREADS of
+//      them) or sorted (up to WR_GATHER), else a radix select over the bits of d (non-negative
+//      floats order like their bits; 11, 10 and 10 bits). Each histogram pass: every block histograms its slice (count and/or
 //      mass), the cluster synchronises, block k sums chunk k of the bins over the cluster
 //      (reduce-scatter: each bin crosses DSMEM once) and scans it, the chunk totals are exchanged,
 //      and the first bin where the cumulative count / mass reaches the target is taken from the
@@ -70,6 +71,14 @@ struct CountMass {
 struct MinInt {
   __device__ int operator()(int a, int b) const { return a < b ? a : b; }
 };
+struct KeyRange {   // the smallest key reaching a target and the largest key, reduced together
+  unsigned lo, hi;
+};
+struct MinMaxKeys {
+  __device__ KeyRange operator()(KeyRange a, KeyRange b) const {
+    return KeyRange{a.lo < b.lo ? a.lo : b.lo, a.hi > b.hi ? a.hi : b.hi};
+  }
+};
 struct HitLast {   // the first bin reaching a target and the last non-empty bin, reduced together
   int hit, last;
 };
@@ -85,6 +94,8 @@ struct MinMaxBins {
 __shared__ WarpHist wr_hist[2];           // two histogram buffers, alternating by pass
 __shared__ CountMass wr_scan[WR_WARPS];
 __shared__ int wr_red[WR_WARPS];
+__shared__ KeyRange wr_red_keys[WR_WARPS];
+__shared__ float wr_rank_mass;   // gather_select by rank: the mass of the keys <= the threshold
 __shared__ HitLast wr_red_bins[WR_WARPS];
 __shared__ float wr_sum_red[WR_WARPS];
 // Read by the peers within a pass: this block's chunk total, its chunk's crossing [0] and last
@@ -148,22 +159,33 @@ struct RowSelect {
   __device__ void linear_fill(WarpHist& h, unsigned limit, float scale, bool want_mass, float A, float q) {
     const float a_ln2 = A * 0.6931471805599453f;
     float far = 0.f;
-    for (int i = threadIdx.x; i < n; i += WR_THREADS) {
-      const float v = wr_vals[i];
-      const float d = M - v;
-      if (__float_as_uint(d) > limit) continue;
-      const float f = d * scale;
-      if (f < (float)(WR_BINS - 1)) {   // linear_bin's test
-        const int j = (int)f;
-        atomicAdd(&h.count[j], 1u);
-        if (want_mass) {
-          const float y = (f - (float)j) * a_ln2;                        // t A ln 2, exact t
-          const float u = y * fmaf(y, fmaf(y, 1.f / 6.f, -0.5f), 1.f);   // 1 - e^-y
-          atomicAdd(reinterpret_cast<unsigned*>(&h.mass[j]), __float2uint_rn(u * q));
+    // FILL_LOADS entries per thread per step, loaded together (independent reads in flight).
+    constexpr int FILL_LOADS = 4;
+    for (int base = 0; base < n; base += FILL_LOADS * WR_THREADS) {
+      float vs[FILL_LOADS];
+#pragma unroll
+      for (int u = 0; u < FILL_LOADS; ++u) {
+        const int i = base + u * WR_THREADS + (int)threadIdx.x;
+        vs[u] = i < n ? wr_vals[i] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < FILL_LOADS; ++u) {
+        const float v = vs[u];
+        const float d = M - v;
+        if (base + u * WR_THREADS + (int)threadIdx.x >= n || __float_as_uint(d) > limit) continue;
+        const float f = d * scale;
+        if (f < (float)(WR_BINS - 1)) {   // linear_bin's test
+          const int j = (int)f;
+          atomicAdd(&h.count[j], 1u);
+          if (want_mass) {
+            const float y = (f - (float)j) * a_ln2;                        // t A ln 2, exact t
+            const float u1 = y * fmaf(y, fmaf(y, 1.f / 6.f, -0.5f), 1.f);  // 1 - e^-y
+            atomicAdd(reinterpret_cast<unsigned*>(&h.mass[j]), __float2uint_rn(u1 * q));
+          }
+        } else {
+          atomicAdd(&h.count[WR_BINS - 1], 1u);
+          if (want_mass) far += mass_of(v);
         }
-      } else {
-        atomicAdd(&h.count[WR_BINS - 1], 1u);
-        if (want_mass) far += mass_of(v);
       }
     }
     if (want_mass) {
@@ -268,51 +290,89 @@ struct RowSelect {
   }
 
   // The linear level's bin `lin` holds few entries (<= WR_GATHER over the cluster): every block
-  // gathers them all (each block lists its own, the lists cross DSMEM once per reader), sorts them by
-  // key (bitonic, in shared memory) and scans the sorted list for the first key whose cumulative
-  // count / mass, after the bins below (target_* already net of them), reaches the target.
+  // gathers them all (each block lists its own, and every reader copies the lists of all peers at
+  // once, one DSMEM round trip per WR_THREADS entries), then finds the smallest key K whose count /
+  // mass of entries with key <= K, after the bins below (target_* already net of them), reaches the
+  // target (none reaching, by float rounding: the largest key). Up to WR_THREADS entries by rank:
+  // each thread counts, for its own entry, the entries with a key <= its key (no sort, three block
+  // barriers); more, by a bitonic sort and a scan in sorted order.
   __device__ unsigned gather_select(unsigned limit, float scale, int lin, bool by_mass, unsigned target_count,
                                     float target_mass, float mass_below, float* mass_le) {
     cg::cluster_group cluster = cg::this_cluster();
     WarpHist& mine = wr_hist[pass++ & 1];   // this block's candidates: keys in count[], masses in mass[]
     WarpHist& all = wr_hist[pass++ & 1];    // every block's, gathered
-    if (threadIdx.x == 0) wr_list_len = 0;
+    if (threadIdx.x == 0) { wr_list_len = 0; wr_rank_mass = 0.f; }
     __syncthreads();
     const int lane = threadIdx.x & 31;
-    for (int base = 0; base < n; base += WR_THREADS) {
-      const int i = base + (int)threadIdx.x;
-      float v = 0.f;
-      unsigned key = 0xffffffffu;
-      bool take = false;
-      if (i < n) {
-        v = wr_vals[i];
-        const float d = M - v;
-        key = __float_as_uint(d);
-        take = key <= limit && linear_bin(d, scale) == lin;
+    // GATHER_LOADS entries per thread per step: their loads and tests are independent, so they
+    // overlap instead of each waiting for the previous one's ballot.
+    constexpr int GATHER_LOADS = 4;
+    for (int base = 0; base < n; base += GATHER_LOADS * WR_THREADS) {
+      float v[GATHER_LOADS];
+      unsigned key[GATHER_LOADS];
+      bool take[GATHER_LOADS];
+#pragma unroll
+      for (int u = 0; u < GATHER_LOADS; ++u) {
+        const int i = base + u * WR_THREADS + (int)threadIdx.x;
+        v[u] = i < n ? wr_vals[i] : 0.f;
+        const float d = M - v[u];
+        key[u] = __float_as_uint(d);
+        take[u] = i < n && key[u] <= limit && linear_bin(d, scale) == lin;
       }
-      const unsigned ballot = __ballot_sync(0xffffffffu, take);
-      if (!ballot) continue;   // the usual case: the bin holds few of the slice's entries
-      int at = 0;
-      if (lane == 0 && ballot) at = atomicAdd(&wr_list_len, __popc(ballot));
-      at = __shfl_sync(0xffffffffu, at, 0) + __popc(ballot & ((1u << lane) - 1u));
-      if (take) { mine.count[at] = key; mine.mass[at] = mass_of(v); }
+#pragma unroll
+      for (int u = 0; u < GATHER_LOADS; ++u) {
+        const unsigned ballot = __ballot_sync(0xffffffffu, take[u]);
+        if (!ballot) continue;   // the usual case: the bin holds few of the slice's entries
+        int at = 0;
+        if (lane == 0) at = atomicAdd(&wr_list_len, __popc(ballot));
+        at = __shfl_sync(0xffffffffu, at, 0) + __popc(ballot & ((1u << lane) - 1u));
+        if (take[u]) { mine.count[at] = key[u]; mine.mass[at] = mass_of(v[u]); }
+      }
     }
     cluster.sync();
-    int total = 0;
-    for (int r = 0; r < WR_CLUSTER; ++r) total += *cluster.map_shared_rank(&wr_list_len, r);
+    // The peers' list lengths, read at once (lane r reads rank r's), and where each list starts.
+    const int len_r = lane < WR_CLUSTER ? *cluster.map_shared_rank(&wr_list_len, lane) : 0;
+    int start[WR_CLUSTER + 1];
+    start[0] = 0;
+#pragma unroll
+    for (int r = 0; r < WR_CLUSTER; ++r) start[r + 1] = start[r] + __shfl_sync(0xffffffffu, len_r, r);
+    const int total = start[WR_CLUSTER];
+    const bool by_rank = total <= WR_THREADS;
     int N = 1;
     while (N < total) N <<= 1;
-    for (int r = 0, at = 0; r < WR_CLUSTER; ++r) {
-      const int len = *cluster.map_shared_rank(&wr_list_len, r);
+    for (int k = threadIdx.x; k < total; k += WR_THREADS) {
+      int r = 0, from = 0;   // the rank whose list holds entry k, and where that list starts
+#pragma unroll
+      for (int q = 1; q < WR_CLUSTER; ++q)
+        if (k >= start[q]) { r = q; from = start[q]; }
       const WarpHist* peer = cluster.map_shared_rank(&mine, r);
-      for (int k = threadIdx.x; k < len; k += WR_THREADS) {
-        all.count[at + k] = peer->count[k];
-        all.mass[at + k] = peer->mass[k];
-      }
-      at += len;
+      all.count[k] = peer->count[k - from];
+      all.mass[k] = peer->mass[k - from];
     }
-    for (int k = total + (int)threadIdx.x; k < N; k += WR_THREADS) { all.count[k] = 0xffffffffu; all.mass[k] = 0.f; }
+    if (!by_rank)
+      for (int k = total + (int)threadIdx.x; k < N; k += WR_THREADS) { all.count[k] = 0xffffffffu; all.mass[k] = 0.f; }
     cluster.sync();   // every peer has copied this block's list: the buffers are free again after this
+    if (by_rank) {
+      const int i = threadIdx.x;
+      const unsigned my_key = i < total ? all.count[i] : 0xffffffffu;
+      unsigned c_le = 0u;
+      float m_le = 0.f;
+      for (int j = 0; j < total; ++j) {   // the same j in every thread: broadcast reads
+        const bool le = all.count[j] <= my_key;
+        c_le += le;
+        m_le += le ? all.mass[j] : 0.f;
+      }
+      const bool reach = i < total && (by_mass ? m_le >= target_mass : c_le >= target_count);
+      // K: the smallest key reaching the target; else the largest key. Keys are floats' bits of
+      // d >= 0, so unsigned order is their order; the min and max are taken together.
+      const KeyRange kr = block_reduce<WR_WARPS>(KeyRange{reach ? my_key : 0xffffffffu, i < total ? my_key : 0u},
+                                                 MinMaxKeys(), wr_red_keys);
+      const unsigned K = kr.lo != 0xffffffffu ? kr.lo : kr.hi;
+      if (i < total && my_key == K) wr_rank_mass = m_le;   // every holder of K wrote the same sum
+      __syncthreads();
+      *mass_le = mass_below + wr_rank_mass;
+      return K;
+    }
     // Bitonic sort of (key, mass) by key, ascending.
     for (int size = 2; size <= N; size <<= 1) {
       for (int stride = size >> 1; stride > 0; stride >>= 1) {
@@ -526,11 +586,20 @@ __global__ void __cluster_dims__(WR_CLUSTER, 1, 1) __launch_bounds__(WR_THREADS,
   // Every block of the cluster has the same mass_known, so all take the same branch.
   if (has_mass && !mass_known) {
     // 3. The kept mass.
-    float part = 0.f;
-    for (int k2 = threadIdx.x; k2 < n; k2 += WR_THREADS) {
-      const float v = wr_vals[k2];
-      if (M - v <= dmax) part += sel.mass_of(v);
+    // MASS_LOADS entries per thread per step, with their own sums: independent reads and exps.
+    constexpr int MASS_LOADS = 4;
+    float parts[MASS_LOADS] = {};
+    for (int base = 0; base < n; base += MASS_LOADS * WR_THREADS) {
+#pragma unroll
+      for (int u = 0; u < MASS_LOADS; ++u) {
+        const int k2 = base + u * WR_THREADS + (int)threadIdx.x;
+        const float v = k2 < n ? wr_vals[k2] : -WR_INF;
+        if (M - v <= dmax) parts[u] += sel.mass_of(v);
+      }
     }
+    float part = 0.f;
+#pragma unroll
+    for (int u = 0; u < MASS_LOADS; ++u) part += parts[u];
     part = block_reduce<WR_WARPS>(part, AddFloat(), wr_sum_red);
     if (threadIdx.x == 0) block_mass = part;
     cluster.sync();
