@@ -17,13 +17,13 @@
 //      the entries of the linear bin chosen: gathered when they are few (the usual case) and
 //      selected by rank (each thread counts the entries at or below its own; up to WR_THREADS of
 //      them) or sorted (up to WR_GATHER), else a radix select over the bits of d (non-negative
-//      floats order like their bits; 11, 10 and 10 bits). Each histogram pass: every block histograms its slice (count and/or
-//      mass), the cluster synchronises, block k sums chunk k of the bins over the cluster
-//      (reduce-scatter: each bin crosses DSMEM once) and scans it, the chunk totals are exchanged,
-//      and the first bin where the cumulative count / mass reaches the target is taken from the
-//      lowest chunk that holds one. Sums run in rank order, so every block computes the same
-//      thresholds. Two histogram buffers alternate, so a pass never overwrites one a peer is still
-//      reading;
+//      floats order like their bits; 11, 10 and 10 bits). Each histogram pass: every block
+//      histograms its slice (count and/or mass), the cluster synchronises, block k sums chunk k of
+//      the bins over the cluster (reduce-scatter: each bin crosses DSMEM once) and scans it, the
+//      chunk totals are exchanged, and the first bin where the cumulative count / mass reaches the
+//      target is taken from the lowest chunk that holds one. Sums run in rank order, so every block
+//      computes the same thresholds. Two histogram buffers alternate, so a pass never overwrites
+//      one a peer is still reading;
 //   3. the kept mass E = sum over d <= dmax of exp((z - M) / T): from the top-p select when its
 //      threshold is dmax, else one more pass, per block, then over ranks.
 // Rank 0 writes the row's record (M / T, E, argmax, M, dmax); verify_kernel (SS_MODE_WARPED) reads
