@@ -95,11 +95,17 @@ def expected_acceptance(xp, draft_logits, target_logits, temperature, draft_len)
     return np.where(np.arange(g)[None, :] < np.asarray(draft_len).reshape(B, 1), beta.astype(np.float64), 0.0)
 
 
+def positions_tried(accepted, draft_len):
+    """How many draft positions verification reached: the accepted ones and the first rejection, or all
+    draft_len when every draft was accepted (a rejection ends a row's successes and is a trial). Ints
+    or integer arrays alike."""
+    return accepted + (accepted < draft_len)
+
+
 def expected_accepted(beta: np.ndarray, draft_len: np.ndarray, accepted: np.ndarray) -> np.ndarray:
-    """[B] the expected count of accepted drafts at the positions each request tried: beta summed over
-    its first accepted + 1 positions (all draft_len when every draft was accepted), AutoGamma's
-    success count in place of `accepted`."""
-    tried = np.minimum(np.asarray(accepted) + 1, np.asarray(draft_len))
+    """[B] the expected count of accepted drafts at the positions each request tried (positions_tried):
+    beta summed over them, AutoGamma's success count in place of `accepted`."""
+    tried = positions_tried(np.asarray(accepted), np.asarray(draft_len))
     return np.where(np.arange(beta.shape[1])[None, :] < tried[:, None], beta, 0.0).sum(axis=1)
 
 
@@ -206,7 +212,7 @@ class AutoGamma(FixedGamma):
         counts = rnd.accepted.tolist() if rnd.expected_accepted is None else rnd.expected_accepted.tolist()
         for b, (live, drafts, acc, n) in enumerate(zip(active, rnd.draft_len.tolist(), rnd.accepted.tolist(), counts)):
             if live and drafts > 0:
-                tried = acc + (acc < drafts)   # a rejection ends a row's successes (and is a trial)
+                tried = positions_tried(acc, drafts)
                 s[b] = f * s[b] + n
                 t[b] = f * t[b] + tried
                 ps[b] += n
