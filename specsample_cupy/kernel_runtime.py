@@ -49,16 +49,19 @@ def codes_header():
     return "\n".join(lines)
 
 
-def kernel_source(name="verify.cu"):
+def kernel_source(name="verify.cu", read=None):
     """A kernels_cu/ source with its local #include "..." lines inlined (NVRTC gets one self-contained
-    text); `#include "codes.cuh"`, in any file, becomes codes_header()."""
-    root = resources.files("kernels_cu")
+    text); `#include "codes.cuh"`, in any file, becomes codes_header(). read(name) -> text: where the
+    files come from (default: this package's kernels_cu/; a benchmark passes another revision's)."""
+    if read is None:
+        root = resources.files("kernels_cu")
+        read = lambda file: root.joinpath(file).read_text()
 
     def inline(name, seen):
         if name in seen:
             return ""
         seen.add(name)
-        text = codes_header() if name == CODES_HEADER else root.joinpath(name).read_text()
+        text = codes_header() if name == CODES_HEADER else read(name)
         text = re.sub(r'^#pragma once[ \t]*$', "", text, flags=re.M)   # inlined once anyway
         return re.sub(r'^#include "([^"]+)"[^\n]*$', lambda m: inline(m.group(1), seen), text, flags=re.M)
 

@@ -265,3 +265,16 @@ def test_captured_graph_survives_plan_eviction():
             stream.synchronize()
             np.testing.assert_array_equal(res.packed.get(), direct.packed.get(), err_msg=f"step {step}")
     del garbage
+
+
+def test_kernel_source_inlines_the_files_a_reader_gives():
+    """Another revision's sources (benchmarks/warp_rows_ab.py reads them from git): includes come from
+    the same reader, each file once, and codes.cuh is generated whatever the reader holds."""
+    files = {"main.cu": '#include "a.cuh"\n#include "codes.cuh"\nmain();\n',
+             "a.cuh": '#pragma once\n#include "b.cuh"\na();\n', "b.cuh": '#include "a.cuh"\nb();\n'}
+    read = []
+    text = kernel_runtime.kernel_source("main.cu", read=lambda name: read.append(name) or files[name])
+    assert sorted(read) == ["a.cuh", "b.cuh", "main.cu"]
+    assert text.index("b();") < text.index("a();") < text.index("main();")
+    assert text.count("a();") == 1 and "#pragma once" not in text and '#include' not in text
+    assert kernel_runtime.codes_header() in text

@@ -1,0 +1,94 @@
+"""warp_rows_kernel (kernels_cu/warp_rows.cu) of another git revision beside the working tree's, in one
+process on the same inputs: device µs of each (median of REPS calls, CUDA events, queued behind a busy
+kernel, inputs rotated past L2) and whether their row records agree; prints a table and writes JSON.
+
+    python3 benchmarks/warp_rows_ab.py [--rev HEAD~1] [--batch 1,64] [--dtype float32,float16]
+                                       [--vocab 151936] [--gamma 5] [--reps 20] [--json F]
+
+Each truncation is built once (build_warps), as the decoding loop does. The rows are bench verify's
+(target logits N(0, 4)). The other revision's sources (warp_rows.cu and what it includes) come from
+`git show REV:kernels_cu/...`, the rest of the code from the working tree, so the two kernels take the
+same arguments only between revisions that did not change them."""
+import argparse
+import json
+import subprocess
+
+import numpy as np
+
+SPECS = ({"top_p": 0.9}, {"top_k": 50}, {"min_p": 0.05}, {"top_k": 1000, "top_p": 0.95})
+
+
+def git_reader(rev):
+    return lambda name: subprocess.run(["git", "show", f"{rev}:kernels_cu/{name}"], capture_output=True, text=True,
+                                       check=True).stdout
+
+
+def main():
+    import cupy as cp
+
+    from specsample_cupy.bench_verify import device_seconds, make_inputs
+    from specsample_cupy.kernel_runtime import kernel_source
+    from specsample_cupy.kernels import WARP_CLUSTER, WARP_RECORD, WARP_THREADS, vec_width
+    from specsample_cupy.warps import build_warps
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rev", default="HEAD~1")
+    ap.add_argument("--batch", default="1,64")
+    ap.add_argument("--dtype", default="float32,float16")
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--gamma", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    G, V = args.gamma, args.vocab
+    sources = {args.rev: kernel_source("warp_rows.cu", read=git_reader(args.rev)), "tree": kernel_source("warp_rows.cu")}
+    rows = []
+    for dtype in args.dtype.split(","):
+        tag, vec = vec_width(dtype, V)
+        name = f"warp_rows_kernel<{tag}, {vec}>"
+        kernels = {key: cp.RawModule(code=src, options=("--std=c++17",), name_expressions=[name]).get_function(name)
+                   for key, src in sources.items()}
+        C = -(-V // WARP_CLUSTER)
+        C = -(-C // vec) * vec
+        for B in map(int, args.batch.split(",")):
+            ring = make_inputs(cp, B, G, V, dtype)
+            grid = B * (2 * G + 1) * WARP_CLUSTER
+            for spec in SPECS:
+                warps = build_warps(cp, B, V, 1.0, **spec)
+                err = cp.zeros(B, cp.int32)
+                times, records = {}, {}
+                for key, kern in kernels.items():
+                    kern.max_dynamic_shared_size_bytes = 4 * C
+                    record = cp.zeros(B * (2 * G + 1) * WARP_RECORD, cp.float32)
+
+                    def call(k, kern=kern, record=record, inputs=None):
+                        _, draft, target = inputs or ring.next()
+                        kern((grid,), (WARP_THREADS,), (draft, target, np.uint64(0), np.uint64(0), np.float32(1.0),
+                                                         np.int32(0), warps.top_k, warps.top_p, warps.span, np.int32(B),
+                                                         np.int32(G), np.int32(V), np.int32(C), np.int64((G + 1) * V),
+                                                         err, record), shared_mem=4 * C)
+                    call(0)
+                    times[key] = device_seconds(cp, call, args.reps, per_call_s=B * 25e-6) * 1e6
+                    call(0, inputs=ring[0])
+                    records[key] = record.get().reshape(-1, WARP_RECORD)
+                old, new = records[args.rev], records["tree"]
+                row = {"dtype": dtype, "B": B, "spec": spec, "rev_us": round(times[args.rev], 2),
+                       "tree_us": round(times["tree"], 2), "rows": len(old),
+                       "thresholds_equal": int((old[:, 4] == new[:, 4]).sum()),
+                       "mass_rel_diff_max": float(np.max(np.abs(old[:, 1] - new[:, 1]) /
+                                                         np.maximum(np.abs(old[:, 1]), 1e-30)))}
+                rows.append(row)
+    print(f"| dtype | B | truncation | {args.rev} µs | tree µs | tree / {args.rev} | thresholds equal |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        spec = ",".join(f"{k}={v}" for k, v in r["spec"].items())
+        print(f"| {r['dtype']} | {r['B']} | {spec} | {r['rev_us']:.1f} | {r['tree_us']:.1f} | "
+              f"{r['tree_us'] / r['rev_us']:.2f} | {r['thresholds_equal']}/{r['rows']} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rev": args.rev, "gamma": G, "V": V, "reps": args.reps, "rows": rows}, f,
+                      separators=(",", ":"))
+
+
+if __name__ == "__main__":
+    main()
