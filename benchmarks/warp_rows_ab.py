@@ -2,16 +2,19 @@
 process on the same inputs: device µs of each (median of REPS calls, CUDA events, queued behind a busy
 kernel, inputs rotated past L2) and whether their row records agree; prints a table and writes JSON.
 
-    python3 benchmarks/warp_rows_ab.py [--rev HEAD~1] [--batch 1,64] [--dtype float32,float16]
+    python3 benchmarks/warp_rows_ab.py [--rev HEAD~1 | --other DIR] [--batch 1,64] [--dtype float32,float16]
                                        [--vocab 151936] [--gamma 5] [--reps 20] [--json F]
 
 Each truncation is built once (build_warps), as the decoding loop does. The rows are bench verify's
 (target logits N(0, 4)). The other revision's sources (warp_rows.cu and what it includes) come from
-`git show REV:kernels_cu/...`, the rest of the code from the working tree, so the two kernels take the
+`git show REV:kernels_cu/...`, or from the folder --other (a copy of that revision's kernels_cu/, where
+the tree travels without its git history: `mkdir -p .ab && git archive REV kernels_cu | tar -x -C .ab`,
+then --other .ab/kernels_cu); the rest of the code from the working tree, so the two kernels take the
 same arguments only between revisions that did not change them."""
 import argparse
 import json
 import subprocess
+from pathlib import Path
 
 import numpy as np
 
@@ -23,6 +26,10 @@ def git_reader(rev):
                                        check=True).stdout
 
 
+def folder_reader(folder):
+    return lambda name: Path(folder, name).read_text()
+
+
 def main():
     import cupy as cp
 
@@ -32,7 +39,8 @@ def main():
     from specsample_cupy.warps import build_warps
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rev", default="HEAD~1")
+    ap.add_argument("--rev", default="HEAD~1", help="the other revision, read with git")
+    ap.add_argument("--other", help="the other revision's kernels_cu/ folder (instead of --rev)")
     ap.add_argument("--batch", default="1,64")
     ap.add_argument("--dtype", default="float32,float16")
     ap.add_argument("--vocab", type=int, default=151936)
@@ -41,7 +49,10 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     G, V = args.gamma, args.vocab
-    sources = {args.rev: kernel_source("warp_rows.cu", read=git_reader(args.rev)), "tree": kernel_source("warp_rows.cu")}
+    if args.other:
+        args.rev = args.other
+    other = folder_reader(args.other) if args.other else git_reader(args.rev)
+    sources = {args.rev: kernel_source("warp_rows.cu", read=other), "tree": kernel_source("warp_rows.cu")}
     rows = []
     for dtype in args.dtype.split(","):
         tag, vec = vec_width(dtype, V)
