@@ -35,7 +35,7 @@ def main():
 
     from specsample_cupy.bench_verify import device_seconds, make_inputs
     from specsample_cupy.kernel_runtime import kernel_source
-    from specsample_cupy.kernels import WARP_CLUSTER, WARP_RECORD, WARP_THREADS, vec_width
+    from specsample_cupy.kernels import WARP_RECORD, _WarpRows, vec_width
     from specsample_cupy.warps import build_warps
 
     ap = argparse.ArgumentParser()
@@ -49,47 +49,43 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     G, V = args.gamma, args.vocab
-    if args.other:
-        args.rev = args.other
+    label = args.other or args.rev   # the other revision's name in the table
     other = folder_reader(args.other) if args.other else git_reader(args.rev)
-    sources = {args.rev: kernel_source("warp_rows.cu", read=other), "tree": kernel_source("warp_rows.cu")}
+    sources = {label: kernel_source("warp_rows.cu", read=other), "tree": kernel_source("warp_rows.cu")}
+    device = cp.cuda.Device().id
+    stream = cp.cuda.get_current_stream()
     rows = []
     for dtype in args.dtype.split(","):
         tag, vec = vec_width(dtype, V)
         name = f"warp_rows_kernel<{tag}, {vec}>"
         kernels = {key: cp.RawModule(code=src, options=("--std=c++17",), name_expressions=[name]).get_function(name)
                    for key, src in sources.items()}
-        C = -(-V // WARP_CLUSTER)
-        C = -(-C // vec) * vec
         for B in map(int, args.batch.split(",")):
             ring = make_inputs(cp, B, G, V, dtype)
-            grid = B * (2 * G + 1) * WARP_CLUSTER
             for spec in SPECS:
                 warps = build_warps(cp, B, V, 1.0, **spec)
                 err = cp.zeros(B, cp.int32)
                 times, records = {}, {}
                 for key, kern in kernels.items():
-                    kern.max_dynamic_shared_size_bytes = 4 * C
+                    # verify()'s own launcher (kernels._WarpRows), with this revision's kernel
                     record = cp.zeros(B * (2 * G + 1) * WARP_RECORD, cp.float32)
+                    launch = _WarpRows(tag, vec, B, G, V, device, err.data.ptr, record, kernel=kern)
 
-                    def call(k, kern=kern, record=record, inputs=None):
+                    def call(k, launch=launch, inputs=None):
                         _, draft, target = inputs or ring.next()
-                        kern((grid,), (WARP_THREADS,), (draft, target, np.uint64(0), np.uint64(0), np.float32(1.0),
-                                                         np.int32(0), warps.top_k, warps.top_p, warps.span, np.int32(B),
-                                                         np.int32(G), np.int32(V), np.int32(C), np.int64((G + 1) * V),
-                                                         err, record), shared_mem=4 * C)
+                        launch(stream, (draft.data.ptr, target.data.ptr, 0, 0, 1.0, 0), warps)
                     call(0)
                     times[key] = device_seconds(cp, call, args.reps, per_call_s=B * 25e-6) * 1e6
                     call(0, inputs=ring[0])
                     records[key] = record.get().reshape(-1, WARP_RECORD)
-                old, new = records[args.rev], records["tree"]
-                row = {"dtype": dtype, "B": B, "spec": spec, "rev_us": round(times[args.rev], 2),
+                old, new = records[label], records["tree"]
+                row = {"dtype": dtype, "B": B, "spec": spec, "rev_us": round(times[label], 2),
                        "tree_us": round(times["tree"], 2), "rows": len(old),
                        "thresholds_equal": int((old[:, 4] == new[:, 4]).sum()),
                        "mass_rel_diff_max": float(np.max(np.abs(old[:, 1] - new[:, 1]) /
                                                          np.maximum(np.abs(old[:, 1]), 1e-30)))}
                 rows.append(row)
-    print(f"| dtype | B | truncation | {args.rev} µs | tree µs | tree / {args.rev} | thresholds equal |")
+    print(f"| dtype | B | truncation | {label} µs | tree µs | tree / {label} | thresholds equal |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         spec = ",".join(f"{k}={v}" for k, v in r["spec"].items())
@@ -97,7 +93,7 @@ def main():
               f"{r['tree_us'] / r['rev_us']:.2f} | {r['thresholds_equal']}/{r['rows']} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rev": args.rev, "gamma": G, "V": V, "reps": args.reps, "rows": rows}, f,
+            json.dump({"rev": label, "gamma": G, "V": V, "reps": args.reps, "rows": rows}, f,
                       separators=(",", ":"))
 
 

@@ -272,11 +272,13 @@ def plan_info(draft_tokens, draft, target, *, dtype_name, mode, options=None):
 class _WarpRows:
     """warp_rows.cu for one plan (dtype, B, G, V): one cluster of WARP_CLUSTER blocks per row, each
     block holding a 1 / WARP_CLUSTER slice of the row (as float32) in dynamic shared memory. It
-    writes the plan's row records and ORs value errors into the plan's per-request error bits."""
+    writes the plan's row records and ORs value errors into the plan's per-request error bits.
+    kernel: the compiled warp_rows_kernel<tag, vec> to launch (default: this package's; a benchmark
+    passes another revision's)."""
 
-    def __init__(self, tag, vec, B, G, V, device_id, err_ptr, record):
+    def __init__(self, tag, vec, B, G, V, device_id, err_ptr, record, kernel=None):
         import cupy
-        kern, = kernel_runtime.functions("warp_rows.cu", (f"warp_rows_kernel<{tag}, {vec}>",))
+        kern = kernel or kernel_runtime.functions("warp_rows.cu", (f"warp_rows_kernel<{tag}, {vec}>",))[0]
         C = -(-V // WARP_CLUSTER)
         C = -(-C // vec) * vec     # slices start on vec boundaries: 16-byte loads stay aligned
         self.shared_bytes = 4 * C
