@@ -278,3 +278,21 @@ def test_kernel_source_inlines_the_files_a_reader_gives():
     assert text.index("b();") < text.index("a();") < text.index("main();")
     assert text.count("a();") == 1 and "#pragma once" not in text and '#include' not in text
     assert kernel_runtime.codes_header() in text
+
+
+def test_phase_stamps_find_their_anchors_in_warp_rows():
+    """benchmarks/warp_rows_phases.py patches the tree's warp_rows.cu at fixed lines: each is there once,
+    every phase gets one stamp, and the stamps' (tag + 1, value) pairs read back as phases."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "warp_rows_phases.py"
+    spec = importlib.util.spec_from_file_location("warp_rows_phases", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    text = probe.patched(kernel_runtime.kernel_source("warp_rows.cu"))
+    assert text.count("WR_STAMP(") == len(probe.MARKS) + 1   # the macro's definition, then one per mark
+    pairs = np.array([[1, 1000], [2, 1400], [probe.COUNT + 1, 77], [3, 1900], [0, 0]])
+    phases, total = probe.phases_of(pairs)
+    assert total == 900
+    assert phases == [{"phase": probe.MARKS[1][2], "cycles": 400, "count": 77},
+                      {"phase": probe.MARKS[2][2], "cycles": 500}]

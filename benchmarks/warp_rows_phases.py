@@ -1,0 +1,123 @@
+"""Where warp_rows_kernel's time goes: clock64 stamps of thread 0 of block 0 (the first row's rank 0)
+at the phases of kernels_cu/warp_rows.cu, from a copy of its source patched in memory (the tree's
+kernel is not changed); the last of three launches per case, on bench verify's inputs.
+
+    python3 benchmarks/warp_rows_phases.py [--batch 1,64] [--dtype float32] [--vocab 151936] [--gamma 5]
+                                          [--spec top_p=0.9 ...] [--kernels DIR] [--json F]
+
+Each row of the printout: a phase and its cycles, up to that stamp from the one before (the select's
+linear pass also gives its crossing bin's count). A stamp costs thread 0 a few tens of cycles (a
+shared-memory counter and a global store). --kernels: another revision's kernels_cu/ folder, whose
+warp_rows.cu must still hold the anchors below."""
+import argparse
+import json
+from pathlib import Path
+
+# (anchor in warp_rows.cu, stamp before (<) or after (>) it, phase ending there; None: a count, `value`)
+MARKS = (
+    ("  if (!active) return;", ">", "start"),
+    ("  best = block_reduce<WR_WARPS>(best, BetterRace(), best_red);", "<", "copy into shared memory"),
+    ("  const float M = top.key;", ">", "cluster maximum"),
+    ("    WarpHist& h = wr_hist[pass++ & 1];", ">", "(between passes)"),
+    ("    cg::cluster_group cluster = cg::this_cluster();\n    cluster.sync();\n    // Reduce-scatter", "<",
+     "pass: this block's histogram"),
+    ("    CountMass chunk_sum;", "<", "pass: barrier, chunk sums"),
+    ("    // The lowest rank with a hit has the crossing", "<", "pass: scan, barriers"),
+    ("    const int lin = x.bin;", ">", None, "x.count_bin"),
+    ("    WarpHist& mine = wr_hist[pass++ & 1];", ">", "pass: crossing"),
+    ("    cluster.sync();\n    // The peers' list lengths", "<", "gather: own list"),
+    ("    if (by_rank) {", "<", "gather: barrier, peers' lists"),
+    ("      *mass_le = mass_below + wr_rank_mass;", "<", "select by rank"),
+    ("  if (has_mass && !mass_known) {", "<", "(after the select)"),
+    ("  cluster.sync();   // no block leaves", "<", "kept mass, record"),
+)
+STAMP = ("__device__ long long wr_stamps[256];\n__shared__ int wr_nstamp;\n"
+         "#define WR_STAMP(tag, value) if (threadIdx.x == 0 && blockIdx.x == 0) "
+         "{ const int s_ = wr_nstamp++; if (s_ < 128) { wr_stamps[2 * s_] = (tag) + 1; wr_stamps[2 * s_ + 1] = (value); } }\n")
+COUNT = 100
+
+
+def patched(source):
+    at = source.index("struct CountMass")
+    source = source[:at] + STAMP + source[at:]
+    for tag, mark in enumerate(MARKS):
+        anchor, where = mark[:2]
+        assert source.count(anchor) == 1, anchor
+        stamp = f"WR_STAMP({tag}, clock64());\n" if mark[2] else f"WR_STAMP({COUNT}, {mark[3]});\n"
+        if tag == 0:
+            stamp = "if (threadIdx.x == 0) wr_nstamp = 0;\n" + stamp
+        source = source.replace(anchor, stamp + anchor if where == "<" else anchor + "\n" + stamp)
+    return source
+
+
+def phases_of(pairs):
+    """[(phase, cycles, count or None)] from the stamps' (tag + 1, value) pairs; the total cycles."""
+    phases, last, first = [], None, None
+    for t, value in pairs:
+        if t == 0:
+            break
+        if t - 1 == COUNT:
+            phases[-1]["count"] = int(value)
+            continue
+        if last is not None:
+            phases.append({"phase": MARKS[t - 1][2], "cycles": int(value - last)})
+        else:
+            first = value
+        last = value
+    return phases, int(last - first)
+
+
+def main():
+    import cupy as cp
+
+    from specsample_cupy.bench_verify import make_inputs
+    from specsample_cupy.kernel_runtime import kernel_source
+    from specsample_cupy.kernels import WARP_RECORD, _WarpRows, vec_width
+    from specsample_cupy.warps import build_warps
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", default="1,64")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--gamma", type=int, default=5)
+    ap.add_argument("--spec", action="append", help="a truncation, e.g. top_p=0.9 (repeatable)")
+    ap.add_argument("--kernels", help="another kernels_cu/ folder to read warp_rows.cu from (default: the tree's)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    specs = [{k: float(v) if "." in v else int(v) for k, v in (kv.split("="),)} for kv in
+             (args.spec or ["top_p=0.9", "top_k=50"])]
+    G, V = args.gamma, args.vocab
+    read = (lambda name: Path(args.kernels, name).read_text()) if args.kernels else None
+    src = patched(kernel_source("warp_rows.cu", read=read) if read else kernel_source("warp_rows.cu"))
+    stream = cp.cuda.get_current_stream()
+    out = []
+    for dtype in args.dtype.split(","):
+        tag, vec = vec_width(dtype, V)
+        name = f"warp_rows_kernel<{tag}, {vec}>"
+        mod = cp.RawModule(code=src, options=("--std=c++17",), name_expressions=[name])
+        kern = mod.get_function(name)
+        stamps = cp.ndarray((256,), cp.int64, mod.get_global("wr_stamps"))
+        for B in map(int, args.batch.split(",")):
+            _, draft, target = make_inputs(cp, B, G, V, dtype, rotate_bytes=1)[0]
+            for spec in specs:
+                warps = build_warps(cp, B, V, 1.0, **spec)
+                err = cp.zeros(B, cp.int32)
+                record = cp.zeros(B * (2 * G + 1) * WARP_RECORD, cp.float32)
+                launch = _WarpRows(tag, vec, B, G, V, cp.cuda.Device().id, err.data.ptr, record, kernel=kern)
+                for _ in range(3):
+                    stamps.fill(0)
+                    launch(stream, (draft.data.ptr, target.data.ptr, 0, 0, 1.0, 0), warps)
+                stream.synchronize()
+                phases, total = phases_of(stamps.get().reshape(-1, 2))
+                print(f"\n{dtype} B={B} {spec}: {total} cycles")
+                for p in phases:
+                    extra = f"  (crossing bin: {p['count']} entries)" if "count" in p else ""
+                    print(f"  {p['phase']:32s} {p['cycles']:7d}{extra}")
+                out.append({"dtype": dtype, "B": B, "spec": spec, "cycles": total, "phases": phases})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"V": V, "gamma": G, "cases": out}, f, separators=(",", ":"))
+
+
+if __name__ == "__main__":
+    main()
