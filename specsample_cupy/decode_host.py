@@ -22,6 +22,7 @@ import numpy as np
 
 from specsample_cupy import errors
 from specsample_cupy.decode_stats import Round
+from specsample_cupy.expected_accept import ExpectedAcceptance
 from specsample_cupy.gamma_policy import expected_acceptance, expected_accepted
 from specsample_cupy.ngram import propose_ngram
 from specsample_cupy.sampling import sample_result, sample_tokens
@@ -80,6 +81,7 @@ class HostRounds:
         self.per_round = policy.cap + 1
         self.read_wait_s = 0.0
         self.discarded = 0
+        self._expected = None   # expected_accept.cu's launches, at first use (_expected_acceptance)
         xp, B, cap = dec.xp, req.batch, policy.cap
         if cap and dec.draft is not None:
             self.draft_tokens_buf = xp.zeros(B * cap, np.int32)
@@ -145,6 +147,23 @@ class HostRounds:
         errors.raise_if_any(result.error)
         return result
 
+    def _expected_acceptance(self, draft_logits, target_logits, draft_len, lengths) -> np.ndarray:
+        """[B, gamma] float64: each draft position's acceptance probability (draft_len on the host,
+        lengths its device copy). On the GPU kernels_cu/expected_accept.cu, the device loop's, where it
+        reads the rows in place (model drafts: the draft's logits are the target's dtype); else
+        gamma_policy.expected_acceptance."""
+        xp = self.dec.xp
+        if xp is not np and draft_logits.dtype == target_logits.dtype and draft_logits.dtype.name in ("float32",
+                                                                                                   "float16"):
+            import cupy
+            if self._expected is None:
+                self._expected = ExpectedAcceptance(draft_logits.dtype.name, self.req.batch, self.policy.cap,
+                                                    draft_logits.shape[2], cupy.cuda.get_current_stream())
+            if self._expected.fits(draft_logits, target_logits):
+                return self._expected.to_host(cupy.cuda.get_current_stream(), draft_logits, target_logits,
+                                              self.temperature, lengths)
+        return expected_acceptance(xp, draft_logits, target_logits, self.temperature, draft_len)
+
     def _speculative_round(self, r: int, gamma: int):
         dec, req, clock = self.dec, self.req, self.clock
         batch, vocab = req.batch, dec.target.vocab_size
@@ -189,7 +208,7 @@ class HostRounds:
         result = self._read(res)
         expected = None
         if self.policy.expected:   # what auto gamma counts in place of the accepted drafts
-            beta = expected_acceptance(dec.xp, draft_logits, target_logits, self.temperature, draft_len)
+            beta = self._expected_acceptance(draft_logits, target_logits, draft_len, lengths)
             expected = expected_accepted(beta, draft_len, result.emitted - 1)
 
         # 4. Append the accepted tokens; roll both caches back to what they have seen of the new sequences.

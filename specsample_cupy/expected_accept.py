@@ -3,6 +3,9 @@ sum_x min(p, q), for automatic gamma on the device loop (reference: gamma_policy
 from __future__ import annotations
 
 import ctypes
+import numbers
+
+import numpy as np
 
 from specsample_cupy import kernel_runtime, kernels
 
@@ -16,7 +19,7 @@ class ExpectedAcceptance:
 
     def __init__(self, dtype_name: str, B: int, G: int, V: int, stream):
         import cupy
-        self.V, self.S = V, -(-V // SPAN)
+        self.B, self.G, self.V, self.S = B, G, V, -(-V // SPAN)
         tag, vec = kernels.vec_width(dtype_name, V)
         stats, total = kernel_runtime.functions(
             "expected_accept.cu", (f"expected_stats<{tag}, {vec}>", f"expected_sum<{tag}, {vec}>"))
@@ -43,3 +46,26 @@ class ExpectedAcceptance:
         grid = B * G * self.S
         self.first(stream, grid, THREADS, **args)
         self.second(stream, grid, THREADS, out=out, **args)
+
+    def fits(self, draft_logits, target_logits) -> bool:
+        """Whether these CuPy rows (draft [B, g, V], target [B, g + 1, V]) can be read in place: C-contiguous,
+        16-byte aligned, of this launch's sizes at most."""
+        B, g, V = draft_logits.shape
+        return (target_logits.shape == (B, g + 1, V) and V == self.V and B <= self.B and g <= self.G
+                and all(a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in (draft_logits, target_logits)))
+
+    def to_host(self, stream, draft_logits, target_logits, temperature, draft_len) -> np.ndarray:
+        """[B, g] float64 on the host, as gamma_policy.expected_acceptance: rows that fit() (CuPy, this
+        dtype); temperature a float > 0 or [B] (CuPy); draft_len [B] int32 on the device. Waits for the
+        stream to read the result."""
+        import cupy
+        B, g = draft_logits.shape[:2]
+        if B * g == 0:
+            return np.zeros((B, g))
+        if not isinstance(temperature, numbers.Real):
+            temperature = cupy.asarray(temperature, cupy.float32)
+        with stream:
+            out = cupy.empty(B * g, cupy.float32)
+        self(stream, target_logits.data.ptr, draft_logits.data.ptr, B, g, temperature, draft_len.data.ptr,
+             out.data.ptr)
+        return out.get(stream=stream).reshape(B, g).astype(np.float64)

@@ -1,12 +1,13 @@
-"""kernels_cu/expected_accept.cu against gamma_policy.expected_acceptance (its NumPy reference), and the
-device loop reporting it to automatic gamma for exact sampling."""
+"""kernels_cu/expected_accept.cu against gamma_policy.expected_acceptance (its NumPy reference), and both
+loops on the GPU (the device loop, the host loop over CuPy) reporting it to automatic gamma for exact
+sampling."""
 import numpy as np
 import pytest
 
 from specsample_cupy.expected_accept import SPAN, ExpectedAcceptance
 from specsample_cupy.gamma_policy import expected_acceptance
 
-from helpers_decode_gpu import GPU_DECODE, PROMPTS, on_device  # noqa: F401
+from helpers_decode_gpu import GPU_DECODE, PROMPTS, on_device, on_host  # noqa: F401
 
 pytestmark = GPU_DECODE
 
@@ -35,15 +36,45 @@ def test_expected_accept_matches_reference(dtype, V, per_row):
         np.testing.assert_allclose(out.get().reshape(B, G), want, atol=2e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_expected_acceptance_reads_the_host_loops_rows_in_place(dtype):
+    """The host loop's path on CuPy (ExpectedAcceptance.to_host): the reference's values for rows that
+    fit; views it cannot read in place (strided, misaligned, wider than its launches) do not fit."""
+    import cupy as cp
+    rng = np.random.default_rng(7)
+    B, G, V = 4, 3, 5003
+    target = rng.normal(0, 2, (B, G + 1, V)).astype(dtype)
+    draft = (target[:, :G] + rng.normal(0, 1, (B, G, V))).astype(dtype)
+    draft_len = np.array([3, 1, 0, 2], np.int32)
+    temps = np.array([1.0, 0.5, 2.0, 0.8], np.float32)
+    stream = cp.cuda.get_current_stream()
+    run = ExpectedAcceptance(dtype, B, G, V, stream)
+    t, d = cp.asarray(target), cp.asarray(draft)
+    assert run.fits(d, t)
+    for temperature in (0.9, cp.asarray(temps, cp.float64)):   # a [B] of any float dtype is cast
+        got = run.to_host(stream, d, t, temperature, cp.asarray(draft_len))
+        want = expected_acceptance(np, draft, target, temps if not np.isscalar(temperature) else 0.9, draft_len)
+        assert got.dtype == np.float64 and got.shape == (B, G)
+        np.testing.assert_allclose(got, want, atol=2e-5)
+    wide = cp.asarray(rng.normal(0, 1, (B, G + 1, V + 5)).astype(dtype))
+    assert not run.fits(d[:, ::2], t[:, :3])                     # strided rows
+    misaligned = cp.empty(d.size + 8, d.dtype)[1:1 + d.size].reshape(d.shape)
+    assert not run.fits(misaligned, t)
+    assert not run.fits(wide[:, :G, :V], wide[:, :, :V])       # rows V + 5 apart
+    assert not run.fits(cp.asarray(np.concatenate([draft] * 2)), cp.asarray(np.concatenate([target] * 2)))  # 2 B
+
+
+@pytest.mark.parametrize("loop", ["on_device", "on_host"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_device_loop_reports_expected_acceptance_to_auto_gamma(on_device, temperature):
+def test_loops_report_expected_acceptance_to_auto_gamma(request, loop, temperature):
     """Every speculative round of an auto-gamma exact call carries each request's expected accepted count
     over the positions it tried; over the call it tracks the accepted count (their difference is a
     martingale whose variance is at most a quarter of the positions tried: within 5 standard deviations)."""
     rounds = []
-    out = on_device.generate(PROMPTS, max_new_tokens=80, gamma="auto", method="exact", temperature=temperature,
-                             seed=4, ignore_eos=True, on_round=lambda rnd, req: rounds.append(rnd))
-    assert out.stats["device_rounds"] is True
+    out = request.getfixturevalue(loop).generate(
+        PROMPTS, max_new_tokens=80, gamma="auto", method="exact", temperature=temperature, seed=4,
+        ignore_eos=True, on_round=lambda rnd, req: rounds.append(rnd))
+    assert (out.stats["device_rounds"] is True) == (loop == "on_device")
     speculative = [r for r in rounds if r.gamma]
     assert len(speculative) > 10
     exp_total = acc_total = var = 0.0
