@@ -3,6 +3,7 @@ and tokens/s, median of RUNS runs each (alternating, so a change in the machine'
 alike); prints a table and writes JSON.
 
     python3 benchmarks/continuous_batching.py [--requests 64] [--batch-size 8] [--runs 3] [--cpu-threads N]
+                                              [--kv-slack 32]
                                               [--pair embedded|cost-1.5b|cost-7b] [--json F]
 
 Workload: REQUESTS prompts (code openings, numbered), each with max_new_tokens drawn uniformly from
@@ -76,6 +77,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--cpu-threads", type=int, default=None, help="threads per model run (default: every core)")
+    ap.add_argument("--kv-slack", type=int, default=32, help="SpeculativeDecoder's kv_slack, for both ways")
     ap.add_argument("--pair", default="embedded")
     ap.add_argument("--pairs-dir", default=None, help="where cost-realistic pairs are built and cached")
     ap.add_argument("--json")
@@ -87,7 +89,7 @@ def main():
         from models.build_cost_pair import build_pair, default_root
         models = build_pair(args.pair, Path(args.pairs_dir) if args.pairs_dir else default_root(),
                             check="cuda" if args.device == "cuda" else "cpu")
-    dec = SpeculativeDecoder(*models, device=args.device, cpu_threads=args.cpu_threads)
+    dec = SpeculativeDecoder(*models, device=args.device, cpu_threads=args.cpu_threads, kv_slack=args.kv_slack)
     decoders = {"static": dec, "continuous": dec}
     if args.device == "cuda":
         decoders["continuous-host"] = SpeculativeDecoder(*models, device="cuda", device_rounds=False)
@@ -110,6 +112,7 @@ def main():
         "device": args.device, "pair": args.pair, "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
         "requests": args.requests, "batch_size": args.batch_size, "gamma": args.gamma,
         "temperature": args.temperature, "seed": args.seed, "runs": args.runs, "cpu_threads": args.cpu_threads,
+        "kv_slack": args.kv_slack,
         "max_new_tokens": {"min": min(r.max_new_tokens for r in requests),
                            "mean": statistics.mean(r.max_new_tokens for r in requests),
                            "max": max(r.max_new_tokens for r in requests)},
