@@ -11,7 +11,6 @@ shared-memory counter and a global store). --kernels: another revision's kernels
 warp_rows.cu must still hold the anchors below."""
 import argparse
 import json
-from pathlib import Path
 
 # (anchor in warp_rows.cu, stamp before (<) or after (>) it, phase ending there; None: a count, `value`)
 MARKS = (
@@ -87,8 +86,8 @@ def main():
     specs = [{k: float(v) if "." in v else int(v) for k, v in (kv.split("="),)} for kv in
              (args.spec or ["top_p=0.9", "top_k=50"])]
     G, V = args.gamma, args.vocab
-    read = (lambda name: Path(args.kernels, name).read_text()) if args.kernels else None
-    src = patched(kernel_source("warp_rows.cu", read=read) if read else kernel_source("warp_rows.cu"))
+    from warp_rows_ab import folder_reader   # this folder's A/B script: another revision's kernels_cu/
+    src = patched(kernel_source("warp_rows.cu", read=folder_reader(args.kernels) if args.kernels else None))
     stream = cp.cuda.get_current_stream()
     out = []
     for dtype in args.dtype.split(","):
