@@ -15,7 +15,7 @@
 //   2. top-k and top-p: a select over d: first WR_BINS bins linear in d over all entries (spread
 //      out, so shared-memory atomics rarely collide; masses in fixed point, see linear_fill), then
 //      the entries of the linear bin chosen: gathered when they are few (the usual case) and
-//      selected by rank (each thread counts the entries at or below its own; up to WR_THREADS of
+//      selected by rank (each thread counts the entries at or below its own; up to 2 WR_THREADS of
 //      them) or sorted (up to WR_GATHER), else a radix select over the bits of d (non-negative
 //      floats order like their bits; 11, 10 and 10 bits). Each histogram pass: every block
 //      histograms its slice (count and/or mass), the cluster synchronises, block k sums chunk k of
@@ -48,6 +48,7 @@ namespace cg = cooperative_groups;
 #define WR_INF __int_as_float(0x7f800000)
 #define WR_LOG2E 1.4426950408889634f
 #define WR_GATHER 1024        // a linear bin with at most this many entries is gathered and sorted
+#define WR_RANK_SLOTS 2       // up to WR_RANK_SLOTS x WR_THREADS gathered entries are selected by rank
 
 struct WarpHist {
   unsigned count[WR_BINS];
@@ -155,10 +156,11 @@ struct RowSelect {
   // q = 2^S, and its mass is 2^(-j A) (n - U / q): u to ~1e-9 by three terms of its series and the
   // rounding at 1 / (2 q) keep each entry's mass within float32 rounding of exp2's. S keeps U below
   // 2^32 even for a whole slice in one bin. The last bin (f >= WR_BINS - 1: up to dtop, and -inf
-  // entries) sums its masses in registers, then once over the block.
+  // entries) sums its counts and masses in registers, then once over the block.
   __device__ void linear_fill(WarpHist& h, unsigned limit, float scale, bool want_mass, float A, float q) {
     const float a_ln2 = A * 0.6931471805599453f;
     float far = 0.f;
+    unsigned far_n = 0u;   // the last bin's entries, counted here and added once per thread
     // FILL_LOADS entries per thread per step, loaded together (independent reads in flight).
     constexpr int FILL_LOADS = 4;
     for (int base = 0; base < n; base += FILL_LOADS * WR_THREADS) {
@@ -183,11 +185,12 @@ struct RowSelect {
             atomicAdd(reinterpret_cast<unsigned*>(&h.mass[j]), __float2uint_rn(u1 * q));
           }
         } else {
-          atomicAdd(&h.count[WR_BINS - 1], 1u);
+          ++far_n;
           if (want_mass) far += mass_of(v);
         }
       }
     }
+    if (far_n) atomicAdd(&h.count[WR_BINS - 1], far_n);
     if (want_mass) {
       far = block_reduce<WR_WARPS>(far, AddFloat(), wr_sum_red);
       if (threadIdx.x == 0) h.far = far;
@@ -293,9 +296,10 @@ struct RowSelect {
   // gathers them all (each block lists its own, and every reader copies the lists of all peers at
   // once, one DSMEM round trip per WR_THREADS entries), then finds the smallest key K whose count /
   // mass of entries with key <= K, after the bins below (target_* already net of them), reaches the
-  // target (none reaching, by float rounding: the largest key). Up to WR_THREADS entries by rank:
-  // each thread counts, for its own entry, the entries with a key <= its key (no sort, three block
-  // barriers); more, by a bitonic sort and a scan in sorted order.
+  // target (none reaching, by float rounding: the largest key). Up to WR_RANK_SLOTS x WR_THREADS
+  // entries by rank: each thread counts, for each of its entries, the entries with a key <= its key
+  // (no sort, three block barriers); more, by a bitonic sort and a scan in sorted order. (On bench
+  // verify's rows the crossing bin holds ~150-300 entries: one slot sent some rows to the sort.)
   __device__ unsigned gather_select(unsigned limit, float scale, int lin, bool by_mass, unsigned target_count,
                                     float target_mass, float mass_below, float* mass_le) {
     cg::cluster_group cluster = cg::this_cluster();
@@ -337,7 +341,7 @@ struct RowSelect {
 #pragma unroll
     for (int r = 0; r < WR_CLUSTER; ++r) start[r + 1] = start[r] + __shfl_sync(0xffffffffu, len_r, r);
     const int total = start[WR_CLUSTER];
-    const bool by_rank = total <= WR_THREADS;
+    const bool by_rank = total <= WR_RANK_SLOTS * WR_THREADS;
     int N = 1;
     while (N < total) N <<= 1;
     for (int k = threadIdx.x; k < total; k += WR_THREADS) {
@@ -353,22 +357,43 @@ struct RowSelect {
       for (int k = total + (int)threadIdx.x; k < N; k += WR_THREADS) { all.count[k] = 0xffffffffu; all.mass[k] = 0.f; }
     cluster.sync();   // every peer has copied this block's list: the buffers are free again after this
     if (by_rank) {
-      const int i = threadIdx.x;
-      const unsigned my_key = i < total ? all.count[i] : 0xffffffffu;
-      unsigned c_le = 0u;
-      float m_le = 0.f;
-      for (int j = 0; j < total; ++j) {   // the same j in every thread: broadcast reads
-        const bool le = all.count[j] <= my_key;
-        c_le += le;
-        m_le += le ? all.mass[j] : 0.f;
+      // Thread t holds entries t and t + WR_THREADS (WR_RANK_SLOTS of them), counted in one loop.
+      unsigned my_key[WR_RANK_SLOTS], c_le[WR_RANK_SLOTS];
+      float m_le[WR_RANK_SLOTS];
+#pragma unroll
+      for (int s = 0; s < WR_RANK_SLOTS; ++s) {
+        const int i = threadIdx.x + s * WR_THREADS;
+        my_key[s] = i < total ? all.count[i] : 0xffffffffu;
+        c_le[s] = 0u;
+        m_le[s] = 0.f;
       }
-      const bool reach = i < total && (by_mass ? m_le >= target_mass : c_le >= target_count);
+      const int slots = total > WR_THREADS ? WR_RANK_SLOTS : 1;
+      for (int j = 0; j < total; ++j) {   // the same j in every thread: broadcast reads
+        const unsigned k = all.count[j];
+        const float m = all.mass[j];
+#pragma unroll
+        for (int s = 0; s < WR_RANK_SLOTS; ++s) {
+          if (s < slots) {
+            const bool le = k <= my_key[s];
+            c_le[s] += le;
+            m_le[s] += le ? m : 0.f;
+          }
+        }
+      }
       // K: the smallest key reaching the target; else the largest key. Keys are floats' bits of
       // d >= 0, so unsigned order is their order; the min and max are taken together.
-      const KeyRange kr = block_reduce<WR_WARPS>(KeyRange{reach ? my_key : 0xffffffffu, i < total ? my_key : 0u},
-                                                 MinMaxKeys(), wr_red_keys);
+      KeyRange mine_kr = {0xffffffffu, 0u};
+#pragma unroll
+      for (int s = 0; s < WR_RANK_SLOTS; ++s) {
+        const bool present = threadIdx.x + s * WR_THREADS < total;
+        const bool reach = present && (by_mass ? m_le[s] >= target_mass : c_le[s] >= target_count);
+        mine_kr = MinMaxKeys()(mine_kr, KeyRange{reach ? my_key[s] : 0xffffffffu, present ? my_key[s] : 0u});
+      }
+      const KeyRange kr = block_reduce<WR_WARPS>(mine_kr, MinMaxKeys(), wr_red_keys);
       const unsigned K = kr.lo != 0xffffffffu ? kr.lo : kr.hi;
-      if (i < total && my_key == K) wr_rank_mass = m_le;   // every holder of K wrote the same sum
+#pragma unroll
+      for (int s = 0; s < WR_RANK_SLOTS; ++s)   // every holder of K wrote the same sum
+        if (threadIdx.x + s * WR_THREADS < total && my_key[s] == K) wr_rank_mass = m_le[s];
       __syncthreads();
       *mass_le = mass_below + wr_rank_mass;
       return K;
