@@ -22,7 +22,7 @@ import numpy as np
 
 from specsample_cupy import errors
 from specsample_cupy.decode_stats import Round
-from specsample_cupy.expected_accept import ExpectedAcceptance
+from specsample_cupy.expected_accept import DTYPES, ExpectedAcceptance
 from specsample_cupy.gamma_policy import expected_acceptance, expected_accepted
 from specsample_cupy.ngram import propose_ngram
 from specsample_cupy.sampling import sample_result, sample_tokens
@@ -153,8 +153,7 @@ class HostRounds:
         reads the rows in place (model drafts: the draft's logits are the target's dtype); else
         gamma_policy.expected_acceptance."""
         xp = self.dec.xp
-        if xp is not np and draft_logits.dtype == target_logits.dtype and draft_logits.dtype.name in ("float32",
-                                                                                                   "float16"):
+        if xp is not np and draft_logits.dtype == target_logits.dtype and draft_logits.dtype.name in DTYPES:
             import cupy
             if self._expected is None:
                 self._expected = ExpectedAcceptance(draft_logits.dtype.name, self.req.batch, self.policy.cap,

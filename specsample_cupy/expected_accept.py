@@ -11,6 +11,7 @@ from specsample_cupy import kernel_runtime, kernels
 
 SPAN = 8192   # vocabulary entries per block (kernels.MIN_ITEM_ELEMENTS: one block's share of a row)
 THREADS = 256
+DTYPES = ("float32", "float16")   # the logits dtypes expected_accept.cu is instantiated for
 
 
 class ExpectedAcceptance:
