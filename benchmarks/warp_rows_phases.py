@@ -7,7 +7,10 @@ kernel is not changed); the last of three launches per case, on bench verify's i
 
 Each row of the printout: a phase and its cycles, up to that stamp from the one before (the select's
 linear pass also gives its crossing bin's count). A stamp costs thread 0 a few tens of cycles (a
-shared-memory counter and a global store). --kernels: another revision's kernels_cu/ folder, whose
+shared-memory counter and a global store). Then every row's span: thread 0 of its rank-0 block reads
+%globaltimer (ns, one clock for the GPU) after the row's start and before its last barrier, and keeps
+its last crossing bin's count; printed: the span from the first row's start to the last row's end, the
+target and draft rows' durations (median, max) and the slowest rows (the kernel waits for them). --kernels: another revision's kernels_cu/ folder, whose
 warp_rows.cu must still hold the anchors below."""
 import argparse
 import json
@@ -34,6 +37,19 @@ STAMP = ("__device__ long long wr_stamps[256];\n__shared__ int wr_nstamp;\n"
          "#define WR_STAMP(tag, value) if (threadIdx.x == 0 && blockIdx.x == 0) "
          "{ const int s_ = wr_nstamp++; if (s_ < 128) { wr_stamps[2 * s_] = (tag) + 1; wr_stamps[2 * s_ + 1] = (value); } }\n")
 COUNT = 100
+ROWS = 4096   # rows timed (request b, row r at b (2G + 1) + r)
+_RANK0 = f"threadIdx.x == 0 && blockIdx.x % WR_CLUSTER == 0 && blockIdx.x / WR_CLUSTER < {ROWS}"
+ROW_TIMES = (f"__device__ unsigned long long wr_row_t[2 * {ROWS}];\n__device__ unsigned wr_row_n[{ROWS}];\n"
+             "__device__ __forceinline__ unsigned long long wr_now() {\n"
+             "  unsigned long long t;\n  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n  return t;\n}\n"
+             f"#define WR_ROW_T(k) if ({_RANK0}) wr_row_t[2 * (blockIdx.x / WR_CLUSTER) + (k)] = wr_now();\n"
+             f"#define WR_ROW_N(v) if ({_RANK0}) wr_row_n[blockIdx.x / WR_CLUSTER] = (v);\n")
+# (anchor, before (<) or after (>) it, the statement put there)
+ROW_MARKS = (
+    ("  if (!active) return;", ">", "WR_ROW_T(0)"),
+    ("  cluster.sync();   // no block leaves", "<", "WR_ROW_T(1)"),
+    ("    const int lin = x.bin;", ">", "WR_ROW_N(x.count_bin)"),
+)
 
 
 def patched(source):
@@ -46,7 +62,36 @@ def patched(source):
         if tag == 0:
             stamp = "if (threadIdx.x == 0) wr_nstamp = 0;\n" + stamp
         source = source.replace(anchor, stamp + anchor if where == "<" else anchor + "\n" + stamp)
+    at = source.index("struct CountMass")
+    source = source[:at] + ROW_TIMES + source[at:]
+    for anchor, where, statement in ROW_MARKS:
+        assert source.count(anchor) == 1, anchor
+        source = source.replace(anchor, statement + ";\n" + anchor if where == "<" else anchor + "\n" + statement + ";\n")
     return source
+
+
+def row_summary(times, counts, G):
+    """Rows' spans from the (start, end) globaltimer pairs `times` [2 R] (0: a row that did not run) and
+    their crossing counts [R]: the kernel's span from the first start to the last end, µs; the target
+    (r <= G) and draft rows' durations, median and max; the five slowest rows."""
+    import numpy as np
+    t = np.asarray(times, np.int64).reshape(-1, 2)
+    ran = np.flatnonzero((t[:, 0] > 0) & (t[:, 1] > 0))
+    if not ran.size:
+        return {"rows": 0}
+    t0 = t[ran, 0].min()
+    dur = (t[ran, 1] - t[ran, 0]) / 1e3
+    kind = np.where(ran % (2 * G + 1) <= G, "target", "draft")
+    out = {"rows": int(ran.size), "span_us": round(float((t[ran, 1].max() - t0) / 1e3), 2),
+           "last_start_us": round(float((t[ran, 0].max() - t0) / 1e3), 2)}
+    for k in ("target", "draft"):
+        d = dur[kind == k]
+        if d.size:
+            out[k] = {"median_us": round(float(np.median(d)), 2), "max_us": round(float(d.max()), 2)}
+    slow = np.argsort(-dur)[:5]
+    out["slowest"] = [{"row": int(ran[i]), "kind": str(kind[i]), "us": round(float(dur[i]), 2),
+                       "crossing_count": int(counts[ran[i]])} for i in slow]
+    return out
 
 
 def phases_of(pairs):
@@ -96,6 +141,8 @@ def main():
         mod = cp.RawModule(code=src, options=("--std=c++17",), name_expressions=[name])
         kern = mod.get_function(name)
         stamps = cp.ndarray((256,), cp.int64, mod.get_global("wr_stamps"))
+        row_t = cp.ndarray((2 * ROWS,), cp.uint64, mod.get_global("wr_row_t"))
+        row_n = cp.ndarray((ROWS,), cp.uint32, mod.get_global("wr_row_n"))
         for B in map(int, args.batch.split(",")):
             _, draft, target = make_inputs(cp, B, G, V, dtype, rotate_bytes=1)[0]
             for spec in specs:
@@ -105,14 +152,18 @@ def main():
                 launch = _WarpRows(tag, vec, B, G, V, cp.cuda.Device().id, err.data.ptr, record, kernel=kern)
                 for _ in range(3):
                     stamps.fill(0)
+                    row_t.fill(0)
+                    row_n.fill(0)
                     launch(stream, (draft.data.ptr, target.data.ptr, 0, 0, 1.0, 0), warps)
                 stream.synchronize()
                 phases, total = phases_of(stamps.get().reshape(-1, 2))
+                rows = row_summary(row_t.get(), row_n.get(), G)
                 print(f"\n{dtype} B={B} {spec}: {total} cycles")
                 for p in phases:
                     extra = f"  (crossing bin: {p['count']} entries)" if "count" in p else ""
                     print(f"  {p['phase']:32s} {p['cycles']:7d}{extra}")
-                out.append({"dtype": dtype, "B": B, "spec": spec, "cycles": total, "phases": phases})
+                print(f"  rows: {json.dumps(rows)}")
+                out.append({"dtype": dtype, "B": B, "spec": spec, "cycles": total, "phases": phases, "rows": rows})
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"V": V, "gamma": G, "cases": out}, f, separators=(",", ":"))

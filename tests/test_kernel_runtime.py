@@ -296,3 +296,12 @@ def test_phase_stamps_find_their_anchors_in_warp_rows():
     assert total == 900
     assert phases == [{"phase": probe.MARKS[1][2], "cycles": 400, "count": 77},
                       {"phase": probe.MARKS[2][2], "cycles": 500}]
+    # Row spans: a start and an end per row, the crossing count (each macro defined, then used once).
+    assert (text.count("WR_ROW_T("), text.count("WR_ROW_N(")) == (3, 2)
+    G = 5
+    times = np.zeros(2 * 2 * (2 * G + 1), np.int64)            # two requests' rows; rows 1 and 7 ran
+    times[2:4], times[14:16] = [1000, 21000], [1500, 41500]
+    rows = probe.row_summary(times, np.arange(22), G)
+    assert rows["rows"] == 2 and rows["span_us"] == 40.5 and rows["last_start_us"] == 0.5
+    assert rows["target"] == {"median_us": 20.0, "max_us": 20.0} and rows["draft"]["max_us"] == 40.0
+    assert [r["row"] for r in rows["slowest"]] == [7, 1] and rows["slowest"][0]["crossing_count"] == 7
