@@ -305,3 +305,24 @@ def test_phase_stamps_find_their_anchors_in_warp_rows():
     assert rows["rows"] == 2 and rows["span_us"] == 40.5 and rows["last_start_us"] == 0.5
     assert rows["target"] == {"median_us": 20.0, "max_us": 20.0} and rows["draft"]["max_us"] == 40.0
     assert [r["row"] for r in rows["slowest"]] == [7, 1] and rows["slowest"][0]["crossing_count"] == 7
+
+
+def test_fixed_point_mass_simulation_finds_the_reference_thresholds():
+    """benchmarks/fixed_point_masses.py bins rows as warp_rows.cu does: with either way of summing the bins'
+    masses its threshold is the float64 reference's on ordinary rows (seeded), and the error it reports is
+    that of the mass below the crossing bin, so zero for a row whose crossing lies in the first bin."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fixed_point_masses.py"
+    spec = importlib.util.spec_from_file_location("fixed_point_masses", path)
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    rng = np.random.default_rng(3)
+    for z in sim.rows("bench target", rng, 4, 8192):
+        d = (z.max() - z).astype(np.float32)
+        ref = sim.exact_threshold(d, 0.9)
+        for scheme in ("count+deficit", "mass-only"):
+            assert sim.binned_threshold(d, 0.9, scheme)[0] == ref
+    d = np.array([0, 0.5, 30, 31, 32], np.float32)   # the mass lies in the first linear bins
+    got, err = sim.binned_threshold(d, 0.5, "mass-only")
+    assert got == sim.exact_threshold(d, 0.5) == 0 and err == 0
