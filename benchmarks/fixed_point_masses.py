@@ -5,11 +5,11 @@ bins linear in d = M - z over [0, span), the rest in a last bin summed exactly),
   mass-only      W = sum round(2^(-t A) q'), q' = 2^floor(log2(2^32 / C)) so that a slice of C entries in
                  one bin cannot overflow 32 bits (one atomic, no count);
 then the crossing bin by float64 cumulative sums and the exact threshold inside it by float64 masses.
-Everything but the bins' sums is float64, so a row whose threshold differs from the exact float64
-reference differs because of the bins' sums. Prints, per kind of row, the rows whose threshold differs
-and the error of the mass below the crossing bin in units of the mass of the entry at the threshold
-(median, max): a row flips when that error exceeds the target's distance to an entry's boundary, so
-its mean is about the chance that a row differs.
+Everything but the bins' sums is float64, so a row whose threshold differs from the CPU reference's
+(warps.row_thresholds, float64 sums) differs because of the bins' sums. Prints, per kind of row, the
+rows whose threshold differs and the error of the mass below the crossing bin in units of the mass of
+the entry at the threshold (median, mean, max): a row flips when that error exceeds the target's
+distance to an entry's boundary, so its mean bounds the chance that a row differs.
 
     python3 benchmarks/fixed_point_masses.py [--rows 400] [--vocab 151936] [--top-p 0.9] [--seed 0] [--json F]
 """
@@ -18,22 +18,23 @@ import json
 
 import numpy as np
 
-WR_BINS, WR_CLUSTER = 2048, 8
+from specsample_cupy.kernels import WARP_CLUSTER
+from specsample_cupy.warps import make_warps, row_thresholds
+
+WR_BINS = 2048   # warp_rows.cu's linear bins
 LOG2E = 1.4426950408889634
 
 
-def exact_threshold(d, p):
-    """The smallest d whose cumulative mass (ascending d, float64) reaches p of the row's mass."""
-    ds = np.sort(d)
-    cum = np.cumsum(np.exp(-ds.astype(np.float64)))
-    return ds[np.searchsorted(cum, p * cum[-1])]
+def exact_threshold(z, p):
+    """The CPU reference's top-p threshold on d = max z - z of one row z at temperature 1."""
+    return row_thresholds(z[None], np.ones(1), make_warps(np, 1, z.size, None, 1.0, top_p=p))[1][0]
 
 
 def binned_threshold(d, p, scheme):
     """(threshold, error) through the kernel's linear bins, the bins' masses summed by `scheme`; error:
     that of the mass below the crossing bin against float64, over the threshold entry's mass."""
     V = d.size
-    C = -(-V // WR_CLUSTER)
+    C = -(-V // WARP_CLUSTER)
     c = np.float32(LOG2E)
     span = np.float32(min(float(d.max()), 40.0 / LOG2E))
     scale = np.float32(WR_BINS) / span
@@ -42,7 +43,6 @@ def binned_threshold(d, p, scheme):
     j = np.where(inner, f.astype(np.int64), WR_BINS - 1)
     t = (f - j).astype(np.float64)
     A = float(c / scale)
-    mass = np.zeros(WR_BINS)
     if scheme == "count+deficit":
         q = 2.0 ** min(30, np.floor(np.log2((4e9 / C - 0.5) / (A * np.log(2)))))
         u = 1 - 2.0 ** (-t * A)
@@ -87,6 +87,7 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
+    p = float(np.float32(args.top_p))   # as the kernel and the reference read it
     out = []
     print("| rows | count+deficit differs | mass-only differs |\n|---|---|---|")
     for kind in ("bench target", "bench draft", "peaked"):
@@ -95,9 +96,9 @@ def main():
         for start in range(0, args.rows, 50):
             for z in rows(kind, rng, min(50, args.rows - start), args.vocab):
                 d = (z.max() - z).astype(np.float32)
-                ref = exact_threshold(d, args.top_p)
+                ref = exact_threshold(z, p)
                 for scheme in differ:
-                    got, err = binned_threshold(d, args.top_p, scheme)
+                    got, err = binned_threshold(d, p, scheme)
                     differ[scheme] += got != ref
                     errors[scheme].append(err)
         cell = lambda k: (f"{differ[k]} (error {np.median(errors[k]):.1e}, mean {np.mean(errors[k]):.1e}, "

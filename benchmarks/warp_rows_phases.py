@@ -10,8 +10,8 @@ linear pass also gives its crossing bin's count). A stamp costs thread 0 a few t
 shared-memory counter and a global store). Then every row's span: thread 0 of its rank-0 block reads
 %globaltimer (ns, one clock for the GPU) after the row's start and before its last barrier, and keeps
 its last crossing bin's count; printed: the span from the first row's start to the last row's end, the
-target and draft rows' durations (median, max) and the slowest rows (the kernel waits for them). --kernels: another revision's kernels_cu/ folder, whose
-warp_rows.cu must still hold the anchors below."""
+target and draft rows' durations (median, max) and the slowest rows (the kernel waits for them).
+--kernels: another revision's kernels_cu/ folder, whose warp_rows.cu must still hold the anchors below."""
 import argparse
 import json
 
@@ -35,7 +35,8 @@ MARKS = (
 )
 STAMP = ("__device__ long long wr_stamps[256];\n__shared__ int wr_nstamp;\n"
          "#define WR_STAMP(tag, value) if (threadIdx.x == 0 && blockIdx.x == 0) "
-         "{ const int s_ = wr_nstamp++; if (s_ < 128) { wr_stamps[2 * s_] = (tag) + 1; wr_stamps[2 * s_ + 1] = (value); } }\n")
+         "{ const int s_ = wr_nstamp++; "
+         "if (s_ < 128) { wr_stamps[2 * s_] = (tag) + 1; wr_stamps[2 * s_ + 1] = (value); } }\n")
 COUNT = 100
 ROWS = 4096   # rows timed (request b, row r at b (2G + 1) + r)
 _RANK0 = f"threadIdx.x == 0 && blockIdx.x % WR_CLUSTER == 0 && blockIdx.x / WR_CLUSTER < {ROWS}"
@@ -52,21 +53,22 @@ ROW_MARKS = (
 )
 
 
+def _insert(source, anchor, where, text):
+    """text put before (<) or after (>) the one occurrence of anchor."""
+    assert source.count(anchor) == 1, anchor
+    return source.replace(anchor, text + anchor if where == "<" else anchor + "\n" + text)
+
+
 def patched(source):
     at = source.index("struct CountMass")
-    source = source[:at] + STAMP + source[at:]
+    source = source[:at] + STAMP + ROW_TIMES + source[at:]
     for tag, mark in enumerate(MARKS):
-        anchor, where = mark[:2]
-        assert source.count(anchor) == 1, anchor
         stamp = f"WR_STAMP({tag}, clock64());\n" if mark[2] else f"WR_STAMP({COUNT}, {mark[3]});\n"
         if tag == 0:
             stamp = "if (threadIdx.x == 0) wr_nstamp = 0;\n" + stamp
-        source = source.replace(anchor, stamp + anchor if where == "<" else anchor + "\n" + stamp)
-    at = source.index("struct CountMass")
-    source = source[:at] + ROW_TIMES + source[at:]
+        source = _insert(source, *mark[:2], stamp)
     for anchor, where, statement in ROW_MARKS:
-        assert source.count(anchor) == 1, anchor
-        source = source.replace(anchor, statement + ";\n" + anchor if where == "<" else anchor + "\n" + statement + ";\n")
+        source = _insert(source, anchor, where, statement + ";\n")
     return source
 
 

@@ -280,15 +280,21 @@ def test_kernel_source_inlines_the_files_a_reader_gives():
     assert kernel_runtime.codes_header() in text
 
 
+def _benchmark_script(name):
+    """benchmarks/<name>.py as a module (the folder is not a package)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_phase_stamps_find_their_anchors_in_warp_rows():
     """benchmarks/warp_rows_phases.py patches the tree's warp_rows.cu at fixed lines: each is there once,
     every phase gets one stamp, and the stamps' (tag + 1, value) pairs read back as phases."""
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "warp_rows_phases.py"
-    spec = importlib.util.spec_from_file_location("warp_rows_phases", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = _benchmark_script("warp_rows_phases")
     text = probe.patched(kernel_runtime.kernel_source("warp_rows.cu"))
     assert text.count("WR_STAMP(") == len(probe.MARKS) + 1   # the macro's definition, then one per mark
     pairs = np.array([[1, 1000], [2, 1400], [probe.COUNT + 1, 77], [3, 1900], [0, 0]])
@@ -311,18 +317,13 @@ def test_fixed_point_mass_simulation_finds_the_reference_thresholds():
     """benchmarks/fixed_point_masses.py bins rows as warp_rows.cu does: with either way of summing the bins'
     masses its threshold is the float64 reference's on ordinary rows (seeded), and the error it reports is
     that of the mass below the crossing bin, so zero for a row whose crossing lies in the first bin."""
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fixed_point_masses.py"
-    spec = importlib.util.spec_from_file_location("fixed_point_masses", path)
-    sim = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sim)
+    sim = _benchmark_script("fixed_point_masses")
     rng = np.random.default_rng(3)
     for z in sim.rows("bench target", rng, 4, 8192):
         d = (z.max() - z).astype(np.float32)
-        ref = sim.exact_threshold(d, 0.9)
+        ref = sim.exact_threshold(z, 0.9)
         for scheme in ("count+deficit", "mass-only"):
             assert sim.binned_threshold(d, 0.9, scheme)[0] == ref
-    d = np.array([0, 0.5, 30, 31, 32], np.float32)   # the mass lies in the first linear bins
-    got, err = sim.binned_threshold(d, 0.5, "mass-only")
-    assert got == sim.exact_threshold(d, 0.5) == 0 and err == 0
+    z = np.array([32, 31.5, 2, 1, 0], np.float32)   # the mass lies in the first linear bins
+    got, err = sim.binned_threshold(z.max() - z, 0.5, "mass-only")
+    assert got == sim.exact_threshold(z, 0.5) == 0 and err == 0
