@@ -14,7 +14,8 @@ per thread. Modes, device us (CUDA events, median of 20):
   mass_w  mass with one histogram per warp (fewer collisions in the crowded bins near the mode)
   both    count and mass (two atomics per entry: the cluster kernel's linear pass)
 binned_range 0.5: only entries with d below half the rows' widest range are binned (about half of them).
-Each block adds its histogram into a per-row global one at the end (one atomic per non-empty bin)."""
+Each block adds its histogram into a per-row global one at the end (one atomic per non-empty bin; `both`
+adds its counts)."""
 import argparse
 import itertools
 import json
@@ -91,59 +92,43 @@ __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int s
     __syncthreads();
     for (int j = threadIdx.x; j < BINS; j += THREADS) {
       unsigned t = 0;
-      for (int w = 0; w < NH; ++w) t += hist[w * BINS + j];
+      for (int w = 0; w < (MODE == 3 ? NH : 1); ++w) t += hist[w * BINS + j];   // count + mass: the counts
       if (t) atomicAdd(&ghist[(long)row * BINS + j], t);
     }
   }
 }
 """
 MODES = ("stats", "count", "mass", "mass_w", "both")
+BINS = 2048
 
 
-def main():
-    import cupy as cp
-
-    from specsample_cupy.bench_verify import device_seconds
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--gamma", type=int, default=5)
-    ap.add_argument("--slices", default="1,2,4")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    names = [f"hist_pass<{f},{m}>" for f in (0, 1) for m in range(len(MODES))]
-    mod = cp.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=names)
+def compile_module(cp):
+    mod = compile_module(cp)
     R, V = args.batch * (2 * args.gamma + 1), args.vocab
     sm = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    clock_hz = cp.cuda.Device().attributes["ClockRate"] * 1e3
     rs = cp.random.RandomState(0)
     results = []
-    for fp16, dtype in ((0, "float32"), (1, "float16")):
+    for dtype in ("float32", "float16"):
         sets = [(rs.standard_normal((R, V), dtype=cp.float32) * 2).astype(dtype) for _ in range(2)]
         rowmax = [x.max(axis=1).astype(cp.float32) for x in sets]
         dtop = max(float((m - x.min(axis=1).astype(cp.float32)).max()) for m, x in zip(rowmax, sets))
-        bpu = np.float32(2048 / (dtop + 1e-3))
-        ghist = cp.zeros((R, 2048), cp.uint32)
+        bpu = BINS / (dtop + 1e-3)
+        ghist = cp.zeros((R, BINS), cp.uint32)
         gsum = cp.zeros(R, cp.float32)
         nbytes = R * V * sets[0].itemsize
         for mode, mname in enumerate(MODES):
-            kern = mod.get_function(f"hist_pass<{fp16},{mode}>")
-            nh = {3: 8, 4: 2}.get(mode, 1) if mode else 0
-            smem = nh * 2048 * 4
-            if smem > 48 * 1024:
-                kern.max_dynamic_shared_size_bytes = smem
             for slices, binned in itertools.product(map(int, args.slices.split(",")), (1.0, 0.5)):
                 if binned < 1 and not mode:
                     continue
-                call = lambda k: kern((R * slices,), (256,), (sets[k % 2], np.int32(V), np.int32(slices), rowmax[k % 2],
-                                                              np.float32(bpu / binned), ghist, gsum), shared_mem=smem)
+                run = launcher(cp, mod, dtype, mode, slices, V, R)
+                call = lambda k: run(sets[k % 2], rowmax[k % 2], bpu / binned, ghist, gsum)
                 call(0)
                 cp.cuda.Device().synchronize()
                 sec = device_seconds(cp, call, args.reps, per_call_s=1e-3)
-                row = dict(dtype=dtype, mode=mname, slices=slices, binned_range=binned, blocks=R * slices, device_us=round(sec * 1e6, 1),
-                           gbps=round(nbytes / sec / 1e9), entries_per_cycle_per_sm=round(
-                               R * V / (sec * cp.cuda.Device().attributes["ClockRate"] * 1e3 * sm), 2))
+                row = dict(dtype=dtype, mode=mname, slices=slices, binned_range=binned, blocks=R * slices,
+                           device_us=round(sec * 1e6, 1), gbps=round(nbytes / sec / 1e9),
+                           entries_per_cycle_per_sm=round(R * V / (sec * clock_hz * sm), 2))
                 results.append(row)
                 print(row, flush=True)
         del sets

@@ -327,3 +327,29 @@ def test_fixed_point_mass_simulation_finds_the_reference_thresholds():
     z = np.array([32, 31.5, 2, 1, 0], np.float32)   # the mass lies in the first linear bins
     got, err = sim.binned_threshold(z.max() - z, 0.5, "mass-only")
     assert got == sim.exact_threshold(z, 0.5) == 0 and err == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_histogram_probe_counts_what_numpy_bins(dtype):
+    """benchmarks/histogram_pass_rate.py times a histogram pass: its counts (one slice per row or several,
+    any mode that counts) are NumPy's of the same bins, and its masses lie within each bin's bounds."""
+    import cupy as cp
+    probe = _benchmark_script("histogram_pass_rate")
+    mod = probe.compile_module(cp)
+    rows, V = 3, 12296
+    x = (np.random.default_rng(5).standard_normal((rows, V), dtype=np.float32) * 2).astype(dtype)
+    M = x.astype(np.float32).max(axis=1)
+    bpu = np.float32(probe.BINS / 12.0)             # entries more than 12 below the maximum are not binned
+    f = (M[:, None] - x.astype(np.float32)) * bpu
+    want = np.stack([np.bincount(r[r < probe.BINS].astype(np.int64), minlength=probe.BINS) for r in f])
+    for mode, slices in ((1, 1), (1, 3), (4, 2), (2, 2)):
+        ghist = cp.zeros((rows, probe.BINS), cp.uint32)
+        probe.launcher(cp, mod, dtype, mode, slices, V, rows)(cp.asarray(x), cp.asarray(M), bpu, ghist,
+                                                              cp.zeros(rows, cp.float32))
+        got = ghist.get().astype(np.float64)
+        if probe.MODES[mode] == "mass":   # an entry of bin j weighs round(65536 e^-(f - j) / bpu), f - j in [0, 1)
+            assert (got >= want * (65536 * np.exp(-1 / bpu) - 1)).all() and (got <= want * 65537).all()
+            assert got.sum() > 0
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=f"mode {mode}, {slices} slices")
