@@ -103,6 +103,34 @@ BINS = 2048
 
 
 def compile_module(cp):
+    names = [f"hist_pass<{f},{m}>" for f in (0, 1) for m in range(len(MODES))]
+    return cp.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=names)
+
+
+def launcher(cp, mod, dtype, mode, slices, V, rows):
+    """call(x, rowmax, bins_per_unit, ghist, gsum): one pass of MODES[mode] over x [rows, V] (float32 or
+    float16, C-contiguous, V a multiple of 8), adding each row's bin counts / masses into ghist [rows, BINS]."""
+    kern = mod.get_function(f"hist_pass<{int(np.dtype(dtype) == np.float16)},{mode}>")
+    smem = ({3: 8, 4: 2}.get(mode, 1) if mode else 0) * BINS * 4
+    if smem > 48 * 1024:
+        kern.max_dynamic_shared_size_bytes = smem
+    return lambda x, rowmax, bpu, ghist, gsum: kern((rows * slices,), (256,), (
+        x, np.int32(V), np.int32(slices), rowmax, np.float32(bpu), ghist, gsum), shared_mem=smem)
+
+
+def main():
+    import cupy as cp
+
+    from specsample_cupy.bench_verify import device_seconds
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--gamma", type=int, default=5)
+    ap.add_argument("--slices", default="1,2,4")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json")
+    args = ap.parse_args()
     mod = compile_module(cp)
     R, V = args.batch * (2 * args.gamma + 1), args.vocab
     sm = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
