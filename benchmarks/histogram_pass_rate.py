@@ -13,6 +13,10 @@ per thread. Modes, device us (CUDA events, median of 20):
   mass    stats + one 32-bit shared atomic per entry (fixed-point mass relative to the bin's top)
   mass_w  mass with one histogram per warp (fewer collisions in the crowded bins near the mode)
   both    count and mass (two atomics per entry: the cluster kernel's linear pass)
+  window  count with the row maximum unknown: bins below the block's first loads' maximum + 4, entries
+          above listed (a large-batch top-p kernel's first pass)
+  list    the entries of 11 bins near top-p 0.9's crossing listed in shared memory (ballots), the mass of
+          the entries above them summed (its second pass); list_only: the list alone
 binned_range 0.5: only entries with d below half the rows' widest range are binned (about half of them).
 Each block adds its histogram into a per-row global one at the end (one atomic per non-empty bin; `both`
 adds its counts)."""
@@ -39,9 +43,12 @@ __device__ __forceinline__ void load_vec(const void* p, long i, float* v) {   //
   }
 }
 
-template <int FP16, int MODE>   // MODE 0 stats, 1 count, 2 mass, 3 mass per warp, 4 count + mass
+#define CAP 4096   // the list's capacity (modes 5 and 6)
+// MODE 0 stats, 1 count, 2 mass, 3 mass per warp, 4 count + mass, 5 window, 6 list, 7 list only (MODES).
+template <int FP16, int MODE>
 __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int slices, const float* rowmax,
-                                                     float bins_per_unit, unsigned* ghist, float* gsum) {
+                                                     float bins_per_unit, int ja, int jb, unsigned* ghist,
+                                                     float* gsum) {
   constexpr int VEC = FP16 ? 8 : 4;
   constexpr int NH = MODE == 3 ? THREADS / 32 : (MODE == 4 ? 2 : 1);
   extern __shared__ unsigned hist[];
@@ -49,9 +56,24 @@ __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int s
   const long len = ((long)V / slices) / VEC * VEC;
   const long lo = (long)row * V + s * len;
   const long hi = s == slices - 1 ? (long)row * V + V : lo + len;
+  __shared__ unsigned list_len;
+  if (threadIdx.x == 0) list_len = 0u;
   if (MODE) for (int j = threadIdx.x; j < NH * BINS; j += THREADS) hist[j] = 0u;
   __syncthreads();
-  const float M = rowmax[row];
+  __shared__ float warp_max[THREADS / 32];
+  float* list = reinterpret_cast<float*>(hist + BINS);
+  float M = rowmax[row];   // MODE 5: the margin above the block's first loads' maximum
+  if (MODE == 5) {
+    float v0[VEC], m0 = -1e30f;
+    const long i = lo + (long)threadIdx.x * VEC;
+    if (i < hi) { load_vec<FP16>(x, i, v0); for (int k = 0; k < VEC; ++k) m0 = fmaxf(m0, v0[k]); }
+    for (int o = 16; o; o >>= 1) m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = m0;
+    __syncthreads();
+    for (int w = 0; w < THREADS / 32; ++w) m0 = fmaxf(m0, warp_max[w]);
+    M = m0 + M;   // the window's top
+  }
+  float above = 0.f;
   unsigned* h = hist + (MODE == 3 ? (threadIdx.x / 32) * BINS : 0);
   float m = -1e30f, sum = 0.f;
   constexpr int LOADS = 4;
@@ -73,12 +95,27 @@ __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int s
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         sum += exp2f((v[u][k] - m) * 1.4426950408889634f);
-        if (MODE) {
+        if (MODE >= 6) {   // list the entries of bins [ja, jb); 6: sum the mass of those above them
+          const float f = (M - v[u][k]) * bins_per_unit;
+          const int j = (int)f;
+          const bool take = f >= 0.f && j >= ja && j < jb;
+          const unsigned ballot = __ballot_sync(0xffffffffu, take);
+          if (ballot) {
+            unsigned at = 0u;
+            if ((threadIdx.x & 31) == 0) at = atomicAdd(&list_len, __popc(ballot));
+            at = __shfl_sync(0xffffffffu, at, 0) + __popc(ballot & ((1u << (threadIdx.x & 31)) - 1u));
+            if (take && at < CAP) list[at] = v[u][k];
+          }
+          if (MODE == 6 && f >= 0.f && j < ja) above += exp2f((v[u][k] - M) * 1.4426950408889634f);
+        } else if (MODE == 5 && M - v[u][k] < 0.f) {   // above the window: listed
+          const unsigned at = atomicAdd(&list_len, 1u);
+          if (at < CAP) list[at] = v[u][k];
+        } else if (MODE) {
           const float f = (M - v[u][k]) * bins_per_unit;
           if (f >= 0.f && f < (float)BINS) {
             const int j = (int)f;
-            if (MODE == 1 || MODE == 4) atomicAdd(&h[j], 1u);
-            if (MODE >= 2) {
+            if (MODE == 1 || MODE == 4 || MODE == 5) atomicAdd(&h[j], 1u);
+            if (MODE >= 2 && MODE <= 4) {
               const float q = exp2f(((float)j - f) * (1.4426950408889634f / bins_per_unit));
               atomicAdd(&h[j + (MODE == 4 ? BINS : 0)], __float2uint_rn(q * 65536.f));
             }
@@ -88,8 +125,13 @@ __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int s
     }
   }
   if (threadIdx.x == 0) atomicAdd(&gsum[row], sum * 1e-30f + m * 0.f);   // keep the stats live
-  if (MODE) {
-    __syncthreads();
+  if (MODE == 6) {
+    for (int o = 16; o; o >>= 1) above += __shfl_xor_sync(0xffffffffu, above, o);
+    if ((threadIdx.x & 31) == 0) atomicAdd(&gsum[row], above);
+  }
+  __syncthreads();
+  if (MODE >= 5 && threadIdx.x == 0) atomicAdd(&ghist[(long)row * BINS + (MODE == 5 ? BINS - 1 : 0)], list_len);
+  if (MODE >= 1 && MODE <= 5) {
     for (int j = threadIdx.x; j < BINS; j += THREADS) {
       unsigned t = 0;
       for (int w = 0; w < (MODE == 3 ? NH : 1); ++w) t += hist[w * BINS + j];   // count + mass: the counts
@@ -98,7 +140,7 @@ __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int s
   }
 }
 """
-MODES = ("stats", "count", "mass", "mass_w", "both")
+MODES = ("stats", "count", "mass", "mass_w", "both", "window", "list", "list_only")
 BINS = 2048
 
 
@@ -108,14 +150,17 @@ def compile_module(cp):
 
 
 def launcher(cp, mod, dtype, mode, slices, V, rows):
-    """call(x, rowmax, bins_per_unit, ghist, gsum): one pass of MODES[mode] over x [rows, V] (float32 or
-    float16, C-contiguous, V a multiple of 8), adding each row's bin counts / masses into ghist [rows, BINS]."""
+    """call(x, rowmax, bins_per_unit, ghist, gsum, ja=0, jb=0): one pass of MODES[mode] over x [rows, V]
+    (float32 or float16, C-contiguous, V a multiple of 8), adding each row's bin counts / masses into
+    ghist [rows, BINS] (window: rowmax holds the margins, and the last bin also adds the entries above the
+    window; list: bin 0 adds the entries listed, gsum the mass above bin ja)."""
     kern = mod.get_function(f"hist_pass<{int(np.dtype(dtype) == np.float16)},{mode}>")
-    smem = ({3: 8, 4: 2}.get(mode, 1) if mode else 0) * BINS * 4
+    smem = ({3: 8, 4: 2, 5: 3, 6: 3, 7: 3}.get(mode, 1) if mode else 0) * BINS * 4   # 5-7: BINS + CAP
     if smem > 48 * 1024:
         kern.max_dynamic_shared_size_bytes = smem
-    return lambda x, rowmax, bpu, ghist, gsum: kern((rows * slices,), (256,), (
-        x, np.int32(V), np.int32(slices), rowmax, np.float32(bpu), ghist, gsum), shared_mem=smem)
+    return lambda x, rowmax, bpu, ghist, gsum, ja=0, jb=0: kern((rows * slices,), (256,), (
+        x, np.int32(V), np.int32(slices), rowmax, np.float32(bpu), np.int32(ja), np.int32(jb), ghist, gsum),
+        shared_mem=smem)
 
 
 def main():
@@ -142,15 +187,18 @@ def main():
         rowmax = [x.max(axis=1).astype(cp.float32) for x in sets]
         dtop = max(float((m - x.min(axis=1).astype(cp.float32)).max()) for m, x in zip(rowmax, sets))
         bpu = BINS / (dtop + 1e-3)
+        margin = [cp.full(R, 4.0, cp.float32)] * 2
+        ja = int(7.0 * bpu)   # list: 11 bins near top-p 0.9's crossing on these rows (d ~ 7.2)
         ghist = cp.zeros((R, BINS), cp.uint32)
         gsum = cp.zeros(R, cp.float32)
         nbytes = R * V * sets[0].itemsize
         for mode, mname in enumerate(MODES):
             for slices, binned in itertools.product(map(int, args.slices.split(",")), (1.0, 0.5)):
-                if binned < 1 and not mode:
+                if binned < 1 and mname in ("stats", "window", "list", "list_only"):
                     continue
                 run = launcher(cp, mod, dtype, mode, slices, V, R)
-                call = lambda k: run(sets[k % 2], rowmax[k % 2], bpu / binned, ghist, gsum)
+                first = margin if mname == "window" else rowmax
+                call = lambda k: run(sets[k % 2], first[k % 2], bpu / binned, ghist, gsum, ja, ja + 11)
                 call(0)
                 cp.cuda.Device().synchronize()
                 sec = device_seconds(cp, call, args.reps, per_call_s=1e-3)

@@ -353,3 +353,45 @@ def test_histogram_probe_counts_what_numpy_bins(dtype):
             assert got.sum() > 0
         else:
             np.testing.assert_array_equal(got, want, err_msg=f"mode {mode}, {slices} slices")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_histogram_probe_windows_and_lists_what_numpy_finds(dtype):
+    """The probe's window mode bins below its block's first loads' maximum plus the margin and counts the
+    entries above (in the last bin); its list modes list the entries of bins [ja, jb) (and sum the mass of
+    those above them)."""
+    import cupy as cp
+    probe = _benchmark_script("histogram_pass_rate")
+    mod = probe.compile_module(cp)
+    rows, V, vec = 3, 12296, 4 if dtype == "float32" else 8
+    x = (np.random.default_rng(6).standard_normal((rows, V), dtype=np.float32) * 2).astype(dtype)
+    x32 = x.astype(np.float32)
+    bpu = np.float32(probe.BINS / 12.0)
+    margin = np.float32(0.5)                        # small: some rows have entries above the window
+    top = (x32[:, :256 * vec].max(axis=1) + margin).astype(np.float32)
+    f = (top[:, None] - x32) * bpu
+    want = np.stack([np.bincount(r[(r >= 0) & (r < probe.BINS)].astype(np.int64), minlength=probe.BINS)
+                     for r in f])
+    want[:, -1] += (f < 0).sum(axis=1)
+    assert want[:, -1].sum() > 0
+    ghist = cp.zeros((rows, probe.BINS), cp.uint32)
+    probe.launcher(cp, mod, dtype, probe.MODES.index("window"), 1, V, rows)(
+        cp.asarray(x), cp.full(rows, margin, cp.float32), bpu, ghist, cp.zeros(rows, cp.float32))
+    np.testing.assert_array_equal(ghist.get(), want)
+    M = x32.max(axis=1)
+    f = (M[:, None] - x32) * bpu
+    ja, jb = 300, 340
+    ghist[:] = 0
+    gsum = cp.zeros(rows, cp.float32)
+    probe.launcher(cp, mod, dtype, probe.MODES.index("list"), 2, V, rows)(
+        cp.asarray(x), cp.asarray(M), bpu, ghist, gsum, ja, jb)
+    listed = ((f >= ja) & (f < jb)).sum(axis=1)
+    assert (listed > 0).all()
+    np.testing.assert_array_equal(ghist.get()[:, 0], listed)
+    above = np.where(f < ja, np.exp(x32.astype(np.float64) - M[:, None]), 0).sum(axis=1)
+    np.testing.assert_allclose(gsum.get(), above, rtol=1e-4)
+    ghist[:] = 0
+    probe.launcher(cp, mod, dtype, probe.MODES.index("list_only"), 3, V, rows)(
+        cp.asarray(x), cp.asarray(M), bpu, ghist, gsum, ja, jb)
+    np.testing.assert_array_equal(ghist.get()[:, 0], listed)
