@@ -210,7 +210,9 @@ def main():
         del sets
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(batch=args.batch, vocab=V, gamma=args.gamma, rows=results), f, separators=(",", ":"))
+            columns = ["dtype", "mode", "slices", "binned_range", "device_us", "entries_per_cycle_per_sm"]
+            json.dump(dict(batch=args.batch, vocab=V, gamma=args.gamma, columns=columns,
+                           rows=[[r[c] for c in columns] for r in results]), f, separators=(",", ":"))
 
 
 if __name__ == "__main__":
