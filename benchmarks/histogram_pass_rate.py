@@ -16,7 +16,8 @@ per thread. Modes, device us (CUDA events, median of 20):
   window  count with the row maximum unknown: bins below the block's first loads' maximum + 4, entries
           above listed (a large-batch top-p kernel's first pass)
   list    the entries of 11 bins near top-p 0.9's crossing listed in shared memory (ballots), the mass of
-          the entries above them summed (its second pass); list_only: the list alone
+          the entries above them summed (its second pass); list_only: the list alone; list_vec:
+          the list alone, each 16-byte vector tested at once against the bins' range
 binned_range 0.5: only entries with d below half the rows' widest range are binned (about half of them).
 Each block adds its histogram into a per-row global one at the end (one atomic per non-empty bin; `both`
 adds its counts)."""
@@ -44,7 +45,17 @@ __device__ __forceinline__ void load_vec(const void* p, long i, float* v) {   //
 }
 
 #define CAP 4096   // the list's capacity (modes 5 and 6)
-// MODE 0 stats, 1 count, 2 mass, 3 mass per warp, 4 count + mass, 5 window, 6 list, 7 list only (MODES).
+// MODE 0 stats, 1 count, 2 mass, 3 mass per warp, 4 count + mass, 5 window, 6 list, 7 list only, 8 list by vectors.
+// Appends the warp's entries with take set to the list (ballot: one shared atomic per warp).
+__device__ __forceinline__ void list_append(bool take, float v, float* list, unsigned* len) {
+  const unsigned ballot = __ballot_sync(0xffffffffu, take);
+  if (!ballot) return;
+  unsigned at = 0u;
+  if ((threadIdx.x & 31) == 0) at = atomicAdd(len, __popc(ballot));
+  at = __shfl_sync(0xffffffffu, at, 0) + __popc(ballot & ((1u << (threadIdx.x & 31)) - 1u));
+  if (take && at < CAP) list[at] = v;
+}
+
 template <int FP16, int MODE>
 __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int slices, const float* rowmax,
                                                      float bins_per_unit, int ja, int jb, unsigned* ghist,
@@ -74,6 +85,8 @@ __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int s
     M = m0 + M;   // the window's top
   }
   float above = 0.f;
+  // MODE 8: the z range of bins [ja, jb) widened by a bin either side (the vector test must not miss)
+  const float zlo = M - (float)(jb + 1) / bins_per_unit, zhi = M - (float)(ja - 1) / bins_per_unit;
   unsigned* h = hist + (MODE == 3 ? (threadIdx.x / 32) * BINS : 0);
   float m = -1e30f, sum = 0.f;
   constexpr int LOADS = 4;
@@ -95,22 +108,14 @@ __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int s
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         sum += exp2f((v[u][k] - m) * 1.4426950408889634f);
-        if (MODE >= 6) {   // list the entries of bins [ja, jb); 6: sum the mass of those above them
+        if (MODE == 6 || MODE == 7) {   // list the entries of bins [ja, jb); 6: sum the mass of those above them
           const float f = (M - v[u][k]) * bins_per_unit;
-          const int j = (int)f;
-          const bool take = f >= 0.f && j >= ja && j < jb;
-          const unsigned ballot = __ballot_sync(0xffffffffu, take);
-          if (ballot) {
-            unsigned at = 0u;
-            if ((threadIdx.x & 31) == 0) at = atomicAdd(&list_len, __popc(ballot));
-            at = __shfl_sync(0xffffffffu, at, 0) + __popc(ballot & ((1u << (threadIdx.x & 31)) - 1u));
-            if (take && at < CAP) list[at] = v[u][k];
-          }
-          if (MODE == 6 && f >= 0.f && j < ja) above += exp2f((v[u][k] - M) * 1.4426950408889634f);
+          list_append(f >= 0.f && (int)f >= ja && (int)f < jb, v[u][k], list, &list_len);
+          if (MODE == 6 && f >= 0.f && (int)f < ja) above += exp2f((v[u][k] - M) * 1.4426950408889634f);
         } else if (MODE == 5 && M - v[u][k] < 0.f) {   // above the window: listed
           const unsigned at = atomicAdd(&list_len, 1u);
           if (at < CAP) list[at] = v[u][k];
-        } else if (MODE) {
+        } else if (MODE && MODE <= 5) {
           const float f = (M - v[u][k]) * bins_per_unit;
           if (f >= 0.f && f < (float)BINS) {
             const int j = (int)f;
@@ -119,6 +124,18 @@ __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int s
               const float q = exp2f(((float)j - f) * (1.4426950408889634f / bins_per_unit));
               atomicAdd(&h[j + (MODE == 4 ? BINS : 0)], __float2uint_rn(q * 65536.f));
             }
+          }
+        }
+      }
+      if (MODE == 8) {   // list only, a 16-byte vector tested at once: entries one by one where it may hit
+        float vmx = v[u][0], vmn = v[u][0];
+#pragma unroll
+        for (int k = 1; k < VEC; ++k) { vmx = fmaxf(vmx, v[u][k]); vmn = fminf(vmn, v[u][k]); }
+        if (__any_sync(0xffffffffu, vmx > zlo && vmn < zhi)) {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            const float f = (M - v[u][k]) * bins_per_unit;
+            list_append(f >= 0.f && (int)f >= ja && (int)f < jb, v[u][k], list, &list_len);
           }
         }
       }
@@ -140,7 +157,7 @@ __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int s
   }
 }
 """
-MODES = ("stats", "count", "mass", "mass_w", "both", "window", "list", "list_only")
+MODES = ("stats", "count", "mass", "mass_w", "both", "window", "list", "list_only", "list_vec")
 BINS = 2048
 
 
@@ -155,7 +172,7 @@ def launcher(cp, mod, dtype, mode, slices, V, rows):
     ghist [rows, BINS] (window: rowmax holds the margins, and the last bin also adds the entries above the
     window; list: bin 0 adds the entries listed, gsum the mass above bin ja)."""
     kern = mod.get_function(f"hist_pass<{int(np.dtype(dtype) == np.float16)},{mode}>")
-    smem = ({3: 8, 4: 2, 5: 3, 6: 3, 7: 3}.get(mode, 1) if mode else 0) * BINS * 4   # 5-7: BINS + CAP
+    smem = ({3: 8, 4: 2, 5: 3, 6: 3, 7: 3, 8: 3}.get(mode, 1) if mode else 0) * BINS * 4   # 5-7: BINS + CAP
     if smem > 48 * 1024:
         kern.max_dynamic_shared_size_bytes = smem
     return lambda x, rowmax, bpu, ghist, gsum, ja=0, jb=0: kern((rows * slices,), (256,), (
@@ -194,7 +211,7 @@ def main():
         nbytes = R * V * sets[0].itemsize
         for mode, mname in enumerate(MODES):
             for slices, binned in itertools.product(map(int, args.slices.split(",")), (1.0, 0.5)):
-                if binned < 1 and mname in ("stats", "window", "list", "list_only"):
+                if binned < 1 and mname in ("stats", "window", "list", "list_only", "list_vec"):
                     continue
                 run = launcher(cp, mod, dtype, mode, slices, V, R)
                 first = margin if mname == "window" else rowmax

@@ -391,7 +391,8 @@ def test_histogram_probe_windows_and_lists_what_numpy_finds(dtype):
     np.testing.assert_array_equal(ghist.get()[:, 0], listed)
     above = np.where(f < ja, np.exp(x32.astype(np.float64) - M[:, None]), 0).sum(axis=1)
     np.testing.assert_allclose(gsum.get(), above, rtol=1e-4)
-    ghist[:] = 0
-    probe.launcher(cp, mod, dtype, probe.MODES.index("list_only"), 3, V, rows)(
-        cp.asarray(x), cp.asarray(M), bpu, ghist, gsum, ja, jb)
-    np.testing.assert_array_equal(ghist.get()[:, 0], listed)
+    for mode in ("list_only", "list_vec"):
+        ghist[:] = 0
+        probe.launcher(cp, mod, dtype, probe.MODES.index(mode), 3, V, rows)(
+            cp.asarray(x), cp.asarray(M), bpu, ghist, gsum, ja, jb)
+        np.testing.assert_array_equal(ghist.get()[:, 0], listed, err_msg=mode)
