@@ -28,24 +28,12 @@ import json
 import numpy as np
 
 SOURCE = r"""
-#include <cuda_fp16.h>
+#include "load.cuh"
 #define THREADS 256
 #define BINS 2048
-template <int FP16>
-__device__ __forceinline__ void load_vec(const void* p, long i, float* v) {   // 4 floats / 8 halves at entry i
-  if (FP16) {
-    const uint4 w = *reinterpret_cast<const uint4*>(reinterpret_cast<const __half*>(p) + i);
-    const __half2* h = reinterpret_cast<const __half2*>(&w);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) { float2 f = __half22float2(h[k]); v[2 * k] = f.x; v[2 * k + 1] = f.y; }
-  } else {
-    const float4 w = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(p) + i);
-    v[0] = w.x; v[1] = w.y; v[2] = w.z; v[3] = w.w;
-  }
-}
+#define CAP 4096   // the list's capacity (modes 5 to 8)
+#define LOG2E 1.4426950408889634f
 
-#define CAP 4096   // the list's capacity (modes 5 and 6)
-// MODE 0 stats, 1 count, 2 mass, 3 mass per warp, 4 count + mass, 5 window, 6 list, 7 list only, 8 list by vectors.
 // Appends the warp's entries with take set to the list (ballot: one shared atomic per warp).
 __device__ __forceinline__ void list_append(bool take, float v, float* list, unsigned* len) {
   const unsigned ballot = __ballot_sync(0xffffffffu, take);
@@ -56,11 +44,13 @@ __device__ __forceinline__ void list_append(bool take, float v, float* list, uns
   if (take && at < CAP) list[at] = v;
 }
 
-template <int FP16, int MODE>
-__global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int slices, const float* rowmax,
-                                                     float bins_per_unit, int ja, int jb, unsigned* ghist,
-                                                     float* gsum) {
-  constexpr int VEC = FP16 ? 8 : 4;
+// MODE: 0 stats, 1 count, 2 mass, 3 mass per warp, 4 count + mass, 5 window, 6 list, 7 list only,
+// 8 list by vectors (MODES below). T: f32 or f16 (load.cuh).
+template <class T, int MODE>
+__global__ void __launch_bounds__(THREADS) hist_pass(const typename T::storage* x, int V, int slices,
+                                                     const float* rowmax, float bins_per_unit, int ja, int jb,
+                                                     unsigned* ghist, float* gsum) {
+  constexpr int VEC = 16 / sizeof(typename T::storage);
   constexpr int NH = MODE == 3 ? THREADS / 32 : (MODE == 4 ? 2 : 1);
   extern __shared__ unsigned hist[];
   const int row = blockIdx.x / slices, s = blockIdx.x % slices;
@@ -77,7 +67,7 @@ __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int s
   if (MODE == 5) {
     float v0[VEC], m0 = -1e30f;
     const long i = lo + (long)threadIdx.x * VEC;
-    if (i < hi) { load_vec<FP16>(x, i, v0); for (int k = 0; k < VEC; ++k) m0 = fmaxf(m0, v0[k]); }
+    if (i < hi) { load_vec<T, VEC>(x + i, v0); for (int k = 0; k < VEC; ++k) m0 = fmaxf(m0, v0[k]); }
     for (int o = 16; o; o >>= 1) m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, o));
     if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = m0;
     __syncthreads();
@@ -95,7 +85,7 @@ __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int s
 #pragma unroll
     for (int u = 0; u < LOADS; ++u) {
       const long i = base + ((long)u * THREADS + threadIdx.x) * VEC;
-      if (i < hi) load_vec<FP16>(x, i, v[u]);
+      if (i < hi) load_vec<T, VEC>(x + i, v[u]);
       else for (int k = 0; k < VEC; ++k) v[u][k] = -1e30f;
     }
 #pragma unroll
@@ -103,15 +93,15 @@ __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int s
       float gm = m;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) gm = fmaxf(gm, v[u][k]);
-      sum *= exp2f((m - gm) * 1.4426950408889634f);
+      sum *= exp2f((m - gm) * LOG2E);
       m = gm;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        sum += exp2f((v[u][k] - m) * 1.4426950408889634f);
+        sum += exp2f((v[u][k] - m) * LOG2E);
         if (MODE == 6 || MODE == 7) {   // list the entries of bins [ja, jb); 6: sum the mass of those above them
           const float f = (M - v[u][k]) * bins_per_unit;
           list_append(f >= 0.f && (int)f >= ja && (int)f < jb, v[u][k], list, &list_len);
-          if (MODE == 6 && f >= 0.f && (int)f < ja) above += exp2f((v[u][k] - M) * 1.4426950408889634f);
+          if (MODE == 6 && f >= 0.f && (int)f < ja) above += exp2f((v[u][k] - M) * LOG2E);
         } else if (MODE == 5 && M - v[u][k] < 0.f) {   // above the window: listed
           const unsigned at = atomicAdd(&list_len, 1u);
           if (at < CAP) list[at] = v[u][k];
@@ -121,7 +111,7 @@ __global__ void __launch_bounds__(THREADS) hist_pass(const void* x, int V, int s
             const int j = (int)f;
             if (MODE == 1 || MODE == 4 || MODE == 5) atomicAdd(&h[j], 1u);
             if (MODE >= 2 && MODE <= 4) {
-              const float q = exp2f(((float)j - f) * (1.4426950408889634f / bins_per_unit));
+              const float q = exp2f(((float)j - f) * (LOG2E / bins_per_unit));
               atomicAdd(&h[j + (MODE == 4 ? BINS : 0)], __float2uint_rn(q * 65536.f));
             }
           }
@@ -161,9 +151,19 @@ MODES = ("stats", "count", "mass", "mass_w", "both", "window", "list", "list_onl
 BINS = 2048
 
 
+TYPES = {"float32": "f32", "float16": "f16"}
+
+
 def compile_module(cp):
-    names = [f"hist_pass<{f},{m}>" for f in (0, 1) for m in range(len(MODES))]
-    return cp.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=names)
+    """SOURCE with the project's kernels_cu/ headers inlined, every (dtype, mode) instantiated."""
+    from importlib import resources
+
+    from specsample_cupy.kernel_runtime import kernel_source
+    root = resources.files("kernels_cu")
+    code = kernel_source("histogram_pass.cu", read=lambda name: SOURCE if name == "histogram_pass.cu"
+                         else root.joinpath(name).read_text())
+    names = [f"hist_pass<{t},{m}>" for t in TYPES.values() for m in range(len(MODES))]
+    return cp.RawModule(code=code, options=("-std=c++17",), name_expressions=names)
 
 
 def launcher(cp, mod, dtype, mode, slices, V, rows):
@@ -171,8 +171,9 @@ def launcher(cp, mod, dtype, mode, slices, V, rows):
     (float32 or float16, C-contiguous, V a multiple of 8), adding each row's bin counts / masses into
     ghist [rows, BINS] (window: rowmax holds the margins, and the last bin also adds the entries above the
     window; list: bin 0 adds the entries listed, gsum the mass above bin ja)."""
-    kern = mod.get_function(f"hist_pass<{int(np.dtype(dtype) == np.float16)},{mode}>")
-    smem = ({3: 8, 4: 2, 5: 3, 6: 3, 7: 3, 8: 3}.get(mode, 1) if mode else 0) * BINS * 4   # 5-7: BINS + CAP
+    kern = mod.get_function(f"hist_pass<{TYPES[np.dtype(dtype).name]},{mode}>")
+    # histograms (per warp: 8; count + mass: 2), or BINS + CAP (window and lists: the list after the bins)
+    smem = ({3: 8, 4: 2}.get(mode, 1) if mode < 5 else 3) * BINS * 4 if mode else 0
     if smem > 48 * 1024:
         kern.max_dynamic_shared_size_bytes = smem
     return lambda x, rowmax, bpu, ghist, gsum, ja=0, jb=0: kern((rows * slices,), (256,), (

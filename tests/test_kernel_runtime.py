@@ -329,26 +329,30 @@ def test_fixed_point_mass_simulation_finds_the_reference_thresholds():
     assert got == sim.exact_threshold(z, 0.5) == 0 and err == 0
 
 
+def _histogram_probe_rows(dtype, seed):
+    """benchmarks/histogram_pass_rate.py compiled, three rows of N(0, 4) logits (V = 12296) and their float32
+    values, and the bins per unit the tests use (2048 bins over 12: entries further down are not binned)."""
+    import cupy as cp
+    probe = _benchmark_script("histogram_pass_rate")
+    x = (np.random.default_rng(seed).standard_normal((3, 12296), dtype=np.float32) * 2).astype(dtype)
+    return cp, probe, probe.compile_module(cp), x, x.astype(np.float32), np.float32(probe.BINS / 12.0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_histogram_probe_counts_what_numpy_bins(dtype):
     """benchmarks/histogram_pass_rate.py times a histogram pass: its counts (one slice per row or several,
     any mode that counts) are NumPy's of the same bins, and its masses lie within each bin's bounds."""
-    import cupy as cp
-    probe = _benchmark_script("histogram_pass_rate")
-    mod = probe.compile_module(cp)
-    rows, V = 3, 12296
-    x = (np.random.default_rng(5).standard_normal((rows, V), dtype=np.float32) * 2).astype(dtype)
-    M = x.astype(np.float32).max(axis=1)
-    bpu = np.float32(probe.BINS / 12.0)             # entries more than 12 below the maximum are not binned
-    f = (M[:, None] - x.astype(np.float32)) * bpu
+    cp, probe, mod, x, x32, bpu = _histogram_probe_rows(dtype, 5)
+    (rows, V), M = x.shape, x32.max(axis=1)
+    f = (M[:, None] - x32) * bpu
     want = np.stack([np.bincount(r[r < probe.BINS].astype(np.int64), minlength=probe.BINS) for r in f])
-    for mode, slices in ((1, 1), (1, 3), (4, 2), (2, 2)):
+    for mode, slices in (("count", 1), ("count", 3), ("both", 2), ("mass", 2)):
         ghist = cp.zeros((rows, probe.BINS), cp.uint32)
-        probe.launcher(cp, mod, dtype, mode, slices, V, rows)(cp.asarray(x), cp.asarray(M), bpu, ghist,
-                                                              cp.zeros(rows, cp.float32))
+        probe.launcher(cp, mod, dtype, probe.MODES.index(mode), slices, V, rows)(
+            cp.asarray(x), cp.asarray(M), bpu, ghist, cp.zeros(rows, cp.float32))
         got = ghist.get().astype(np.float64)
-        if probe.MODES[mode] == "mass":   # an entry of bin j weighs round(65536 e^-(f - j) / bpu), f - j in [0, 1)
+        if mode == "mass":   # an entry of bin j weighs round(65536 e^-(f - j) / bpu), f - j in [0, 1)
             assert (got >= want * (65536 * np.exp(-1 / bpu) - 1)).all() and (got <= want * 65537).all()
             assert got.sum() > 0
         else:
@@ -361,13 +365,8 @@ def test_histogram_probe_windows_and_lists_what_numpy_finds(dtype):
     """The probe's window mode bins below its block's first loads' maximum plus the margin and counts the
     entries above (in the last bin); its list modes list the entries of bins [ja, jb) (and sum the mass of
     those above them)."""
-    import cupy as cp
-    probe = _benchmark_script("histogram_pass_rate")
-    mod = probe.compile_module(cp)
-    rows, V, vec = 3, 12296, 4 if dtype == "float32" else 8
-    x = (np.random.default_rng(6).standard_normal((rows, V), dtype=np.float32) * 2).astype(dtype)
-    x32 = x.astype(np.float32)
-    bpu = np.float32(probe.BINS / 12.0)
+    cp, probe, mod, x, x32, bpu = _histogram_probe_rows(dtype, 6)
+    (rows, V), vec = x.shape, 16 // x.itemsize
     margin = np.float32(0.5)                        # small: some rows have entries above the window
     top = (x32[:, :256 * vec].max(axis=1) + margin).astype(np.float32)
     f = (top[:, None] - x32) * bpu
