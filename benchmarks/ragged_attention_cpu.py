@@ -53,49 +53,60 @@ def gqa_model():
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)])
 
 
-def sess(m):
-    o = ort.SessionOptions(); o.intra_op_num_threads = 2
-    return ort.InferenceSession(m.SerializeToString(), o, providers=["CPUExecutionProvider"])
+def session(model):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def per_run_ms(sess, io, reps: int) -> float:
+    """Milliseconds per run of `sess` with bindings `io`, after 20 warm-up runs."""
+    for _ in range(20):
+        sess.run_with_iobinding(io)
+    started = time.perf_counter()
+    for _ in range(reps):
+        sess.run_with_iobinding(io)
+    return (time.perf_counter() - started) / reps * 1e3
 
 
 def time_concat(T, S, reps=200):
-    s = sess(concat_model()); rng = np.random.default_rng(0)
+    sess, rng = session(concat_model()), np.random.default_rng(0)
     feeds = {"bias": np.zeros((B, 1, S, T + S), np.float32)}
     for l in range(L):
-        for n in ("q", "k", "v"): feeds[f"{n}{l}"] = rng.standard_normal((B, H, S, D), np.float32)
-        for n in ("pk", "pv"): feeds[f"{n}{l}"] = rng.standard_normal((B, H, T, D), np.float32)
-    io = s.io_binding()
-    for k_, v_ in feeds.items(): io.bind_cpu_input(k_, v_)
-    outs = {}
+        for n in ("q", "k", "v"):
+            feeds[f"{n}{l}"] = rng.standard_normal((B, H, S, D), np.float32)
+        for n in ("pk", "pv"):
+            feeds[f"{n}{l}"] = rng.standard_normal((B, H, T, D), np.float32)
+    io = sess.io_binding()
+    for name, value in feeds.items():
+        io.bind_cpu_input(name, value)
+    outs = {}   # held until the timing ends: the bindings point into them
     for l in range(L):
-        for n, shp in ((f"o{l}", (B, H, S, D)), (f"K{l}", (B, H, T + S, D)), (f"V{l}", (B, H, T + S, D))):
-            outs[n] = np.empty(shp, np.float32); io.bind_output(n, "cpu", 0, np.float32, shp, outs[n].ctypes.data)
-    for _ in range(20): s.run_with_iobinding(io)
-    t = time.perf_counter()
-    for _ in range(reps): s.run_with_iobinding(io)
-    return (time.perf_counter() - t) / reps * 1e3
+        for n, shape in ((f"o{l}", (B, H, S, D)), (f"K{l}", (B, H, T + S, D)), (f"V{l}", (B, H, T + S, D))):
+            outs[n] = np.empty(shape, np.float32)
+            io.bind_output(n, "cpu", 0, np.float32, shape, outs[n].ctypes.data)
+    return per_run_ms(sess, io, reps)
 
 
 def time_gqa(lengths, S, reps=200):
-    s = sess(gqa_model()); rng = np.random.default_rng(0)
-    feeds = {"seqlens_k": (np.asarray(lengths) + S - 1).astype(np.int32), "total_len": np.array(max(lengths) + S, np.int32)}
-    bufs = {}
+    sess, rng = session(gqa_model()), np.random.default_rng(0)
+    feeds = {"seqlens_k": (np.asarray(lengths) + S - 1).astype(np.int32),
+             "total_len": np.array(max(lengths) + S, np.int32)}
     for l in range(L):
-        for n in ("q", "k", "v"): feeds[f"{n}{l}"] = rng.standard_normal((B, S, H * D), np.float32)
-        for n in ("pk", "pv"): bufs[f"{n}{l}"] = rng.standard_normal((B, H, CAP, D), np.float32)
-    io = s.io_binding()
-    for k_, v_ in feeds.items(): io.bind_cpu_input(k_, v_)
-    for k_, v_ in bufs.items(): io.bind_cpu_input(k_, v_)
-    outs = {}
+        for n in ("q", "k", "v"):
+            feeds[f"{n}{l}"] = rng.standard_normal((B, S, H * D), np.float32)
+        for n in ("pk", "pv"):
+            feeds[f"{n}{l}"] = rng.standard_normal((B, H, CAP, D), np.float32)
+    io = sess.io_binding()
+    for name, value in feeds.items():
+        io.bind_cpu_input(name, value)
+    outs = {}   # held until the timing ends: the bindings point into them
     for l in range(L):
         outs[f"o{l}"] = np.empty((B, S, H * D), np.float32)
         io.bind_output(f"o{l}", "cpu", 0, np.float32, outs[f"o{l}"].shape, outs[f"o{l}"].ctypes.data)
-        for n, src in ((f"K{l}", f"pk{l}"), (f"V{l}", f"pv{l}")):   # present shares past's buffer
-            io.bind_output(n, "cpu", 0, np.float32, bufs[src].shape, bufs[src].ctypes.data)
-    for _ in range(20): s.run_with_iobinding(io)
-    t = time.perf_counter()
-    for _ in range(reps): s.run_with_iobinding(io)
-    return (time.perf_counter() - t) / reps * 1e3
+        for n, past in ((f"K{l}", feeds[f"pk{l}"]), (f"V{l}", feeds[f"pv{l}"])):   # present shares past's buffer
+            io.bind_output(n, "cpu", 0, np.float32, past.shape, past.ctypes.data)
+    return per_run_ms(sess, io, reps)
 
 
 def main():
@@ -108,8 +119,8 @@ def main():
               f"(mean {ragged.mean():.0f}) |")
     try:
         time_gqa([156] * B, 5, reps=1)
-    except Exception as e:   # onnxruntime raises its own RuntimeError subclasses
-        print(f"S = 5, B = {B}: {str(e).splitlines()[-1]}")
+    except RuntimeError as refused:   # onnxruntime's own exception types derive from it
+        print(f"S = 5, B = {B}: {str(refused).splitlines()[-1]}")
 
 
 if __name__ == "__main__":
