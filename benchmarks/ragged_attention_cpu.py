@@ -69,43 +69,49 @@ def per_run_ms(sess, io, reps: int) -> float:
     return (time.perf_counter() - started) / reps * 1e3
 
 
-def time_concat(T, S, reps=200):
-    sess, rng = session(concat_model()), np.random.default_rng(0)
-    feeds = {"bias": np.zeros((B, 1, S, T + S), np.float32)}
+def bind_inputs(sess, extra: dict, new_shape, past_shape):
+    """`sess`'s bindings with `extra` and, for every layer, random q, k, v of new_shape and past keys
+    and values (pk, pv) of past_shape as inputs; (bindings, every input by name)."""
+    rng = np.random.default_rng(0)
+    feeds = dict(extra)
     for l in range(L):
         for n in ("q", "k", "v"):
-            feeds[f"{n}{l}"] = rng.standard_normal((B, H, S, D), np.float32)
+            feeds[f"{n}{l}"] = rng.standard_normal(new_shape, np.float32)
         for n in ("pk", "pv"):
-            feeds[f"{n}{l}"] = rng.standard_normal((B, H, T, D), np.float32)
+            feeds[f"{n}{l}"] = rng.standard_normal(past_shape, np.float32)
     io = sess.io_binding()
     for name, value in feeds.items():
         io.bind_cpu_input(name, value)
-    outs = {}   # held until the timing ends: the bindings point into them
+    return io, feeds
+
+
+def bind_output(io, name: str, array: np.ndarray) -> None:
+    """Output `name` written into `array` (the caller keeps it alive while the bindings run)."""
+    io.bind_output(name, "cpu", 0, np.float32, array.shape, array.ctypes.data)
+
+
+def time_concat(T, S, reps=200):
+    sess = session(concat_model())
+    io, _ = bind_inputs(sess, {"bias": np.zeros((B, 1, S, T + S), np.float32)}, (B, H, S, D), (B, H, T, D))
+    outs = {}
     for l in range(L):
         for n, shape in ((f"o{l}", (B, H, S, D)), (f"K{l}", (B, H, T + S, D)), (f"V{l}", (B, H, T + S, D))):
             outs[n] = np.empty(shape, np.float32)
-            io.bind_output(n, "cpu", 0, np.float32, shape, outs[n].ctypes.data)
+            bind_output(io, n, outs[n])
     return per_run_ms(sess, io, reps)
 
 
 def time_gqa(lengths, S, reps=200):
-    sess, rng = session(gqa_model()), np.random.default_rng(0)
-    feeds = {"seqlens_k": (np.asarray(lengths) + S - 1).astype(np.int32),
-             "total_len": np.array(max(lengths) + S, np.int32)}
-    for l in range(L):
-        for n in ("q", "k", "v"):
-            feeds[f"{n}{l}"] = rng.standard_normal((B, S, H * D), np.float32)
-        for n in ("pk", "pv"):
-            feeds[f"{n}{l}"] = rng.standard_normal((B, H, CAP, D), np.float32)
-    io = sess.io_binding()
-    for name, value in feeds.items():
-        io.bind_cpu_input(name, value)
-    outs = {}   # held until the timing ends: the bindings point into them
+    sess = session(gqa_model())
+    lengths_in = {"seqlens_k": (np.asarray(lengths) + S - 1).astype(np.int32),
+                  "total_len": np.array(max(lengths) + S, np.int32)}
+    io, feeds = bind_inputs(sess, lengths_in, (B, S, H * D), (B, H, CAP, D))
+    outs = {}
     for l in range(L):
         outs[f"o{l}"] = np.empty((B, S, H * D), np.float32)
-        io.bind_output(f"o{l}", "cpu", 0, np.float32, outs[f"o{l}"].shape, outs[f"o{l}"].ctypes.data)
-        for n, past in ((f"K{l}", feeds[f"pk{l}"]), (f"V{l}", feeds[f"pv{l}"])):   # present shares past's buffer
-            io.bind_output(n, "cpu", 0, np.float32, past.shape, past.ctypes.data)
+        bind_output(io, f"o{l}", outs[f"o{l}"])
+        bind_output(io, f"K{l}", feeds[f"pk{l}"])   # present shares past's buffer
+        bind_output(io, f"V{l}", feeds[f"pv{l}"])
     return per_run_ms(sess, io, reps)
 
 
