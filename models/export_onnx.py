@@ -24,6 +24,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from specsample_cupy.convert.graph import GraphBuilder as _Graph
+from specsample_cupy.convert.graph import attention_allowed as _attention_allowed
+
 OPSET = 17
 
 BATCH = "batch_size"
@@ -79,40 +82,6 @@ def full_config(config: dict) -> dict:
     return cfg
 
 
-class _Graph:
-    """Small helper that names nodes and collects nodes/initializers."""
-
-    def __init__(self, weight_dtype):
-        self.nodes, self.inits, self._n = [], [], 0
-        self.weight_dtype = weight_dtype
-
-    def _name(self, hint):
-        self._n += 1
-        return f"{hint}_{self._n}"
-
-    def op(self, op_type, inputs, hint=None, outputs=None, **attrs):
-        outs = outputs or [self._name(hint or op_type.lower())]
-        self.nodes.append(helper.make_node(op_type, inputs, outs,
-                                           name=self._name("n_" + op_type), **attrs))
-        return outs[0]
-
-    def const(self, array, hint="const"):
-        name = self._name(hint)
-        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
-        return name
-
-    def weight(self, array, name):
-        """Stored in weight_dtype, returned as an fp32 tensor name."""
-        stored = np.ascontiguousarray(array, dtype=self.weight_dtype)
-        self.inits.append(numpy_helper.from_array(stored, name))
-        if self.weight_dtype == np.float32:
-            return name
-        return self.op("Cast", [name], hint=name + "_f32", to=TensorProto.FLOAT)
-
-    def linear(self, x, w, b):
-        return self.op("Add", [self.op("MatMul", [x, w]), b])
-
-
 def _layer_norm(g, x, w, b, eps):
     return g.op("LayerNormalization", [x, w, b], axis=-1, epsilon=float(eps))
 
@@ -124,35 +93,6 @@ def _gelu_tanh(g, x):
     t = g.op("Tanh", [g.op("Mul", [inner, g.const(np.float32(np.sqrt(2.0 / np.pi)))])])
     half_x = g.op("Mul", [x, g.const(np.float32(0.5))])
     return g.op("Mul", [half_x, g.op("Add", [t, g.const(np.float32(1.0))])])
-
-
-def _attention_allowed(g, input_ids, attention_mask):
-    """Bool [batch, 1, seq, past+seq]: key j visible to new token t.
-
-    Visible iff attention_mask[b, j] != 0 and j <= past + t (causality among
-    the new tokens; every past slot precedes all new tokens).
-
-    Column indices come from running sums over ones shaped like the inputs,
-    not from Shape/Range nodes: the graph then has no shape arithmetic, which
-    ONNX Runtime would place on the CPU, and a CUDA session can capture a run
-    whole as a CUDA graph. Indices are float32 (exact below 2**24).
-    """
-    f32 = TensorProto.FLOAT
-    zero, one = g.const(np.float32(0.0)), g.const(np.float32(1.0))
-    axis1 = g.const(np.array(1, np.int64))
-    ones_k = g.op("Add", [g.op("Mul", [g.op("Cast", [attention_mask], to=f32), zero]), one])  # [B,T]
-    ones_q = g.op("Add", [g.op("Mul", [g.op("Cast", [input_ids], to=f32), zero]), one])       # [B,S]
-    key_idx = g.op("Sub", [g.op("CumSum", [ones_k, axis1]), one])                           # 0..T-1
-    axes1 = g.const(np.array([1], np.int64))
-    past = g.op("Sub", [g.op("ReduceSum", [ones_k, axes1], keepdims=1),
-                        g.op("ReduceSum", [ones_q, axes1], keepdims=1)])                    # [B,1]
-    q_idx = g.op("Add", [g.op("Sub", [g.op("CumSum", [ones_q, axis1]), one]), past])        # past..T-1
-    causal = g.op("LessOrEqual", [g.op("Unsqueeze", [key_idx, axes1]),                       # [B,1,T]
-                                  g.op("Unsqueeze", [q_idx, g.const(np.array([2], np.int64))])])  # [B,S,1]
-    mask_bool = g.op("Cast", [attention_mask], to=TensorProto.BOOL)                          # [B,T]
-    mask3 = g.op("Unsqueeze", [mask_bool, axes1])                                            # [B,1,T]
-    allowed = g.op("And", [mask3, causal])                                                   # [B,S,T]
-    return g.op("Unsqueeze", [allowed, axes1], hint="attn_allowed")                          # [B,1,S,T]
 
 
 def _block(g, i, x, weights, cfg, allowed):
