@@ -1,7 +1,8 @@
-"""`specsample` command line: decode | generate | bench | eval."""
+"""`specsample` command line: decode | generate | bench | eval | convert."""
 import click
 
 from specsample_cupy.cli_bench import bench
+from specsample_cupy.cli_convert import convert
 from specsample_cupy.cli_decode import decode
 from specsample_cupy.cli_eval import eval_group
 from specsample_cupy.cli_generate import generate
@@ -20,6 +21,7 @@ main.add_command(decode)
 main.add_command(generate)
 main.add_command(bench)
 main.add_command(eval_group, name="eval")
+main.add_command(convert)
 
 if __name__ == "__main__":
     main()

@@ -84,9 +84,10 @@ def _np_dtype(dtype: str):
 
 
 def random_tensors(config: dict, *, seed: int = 0, scale: float = 0.02, embed_scale: float = 1.0,
-                   zero_layers_from: int | None = None, dtype: str = "float32"):
+                   zero_layers_from: int | None = None, final_norm_scale: float = 1.0, dtype: str = "float32"):
     """(name, array) pairs: normal(0, scale) weights, norms 1 + small noise, embeddings normal(0, embed_scale)
-    (tied: they are the LM head, so their scale sets how peaked the output is). Tensors larger than the
+    (tied: they are the LM head, so their scale sets how peaked the output is); the final norm's weight
+    times final_norm_scale (applied after drawing: no other tensor changes). Tensors larger than the
     pool are slices of one random pool at random offsets (real bytes per run, quick to write)."""
     rng = np.random.default_rng(seed)
     pool = rng.standard_normal(_POOL, dtype=np.float32)
@@ -95,6 +96,8 @@ def random_tensors(config: dict, *, seed: int = 0, scale: float = 0.02, embed_sc
         n = int(np.prod(shape))
         if name.endswith("norm.weight"):
             values = 1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)
+            if name == "model.norm.weight":
+                values = values * final_norm_scale
         else:
             std = embed_scale if name in ("model.embed_tokens.weight", "lm_head.weight") else scale
             if n <= _POOL // 4:
@@ -122,7 +125,7 @@ def tokenizer_json(vocab_size: int) -> str:
 
 def write_checkpoint(folder, config: dict, *, dtype: str = "float16", shards: int = 1, seed: int = 0,
                      scale: float = 0.02, embed_scale: float = 1.0, zero_layers_from: int | None = None,
-                     tokenizer: bool = True) -> Path:
+                     final_norm_scale: float = 1.0, tokenizer: bool = True) -> Path:
     """Write a random checkpoint of `config` (a Hugging Face config dict) into `folder`; dtype float16,
     bfloat16 or float32; shards > 1 splits the tensors over model-0000i-of-0000n.safetensors files."""
     from safetensors.numpy import save_file
@@ -131,7 +134,8 @@ def write_checkpoint(folder, config: dict, *, dtype: str = "float16", shards: in
     folder.mkdir(parents=True, exist_ok=True)
     config = {**config, "torch_dtype": dtype}
     tensors = list(random_tensors(config, seed=seed, scale=scale, embed_scale=embed_scale,
-                                  zero_layers_from=zero_layers_from, dtype=dtype))
+                                  zero_layers_from=zero_layers_from, final_norm_scale=final_norm_scale,
+                                  dtype=dtype))
     if shards == 1:
         save_file(dict(tensors), str(folder / "model.safetensors"), metadata={"format": "pt"})
     else:

@@ -200,7 +200,12 @@ def _gammas(text):
 @click.command("decode", context_settings=CONTEXT_SETTINGS)
 @click.option("--pair", default="embedded", show_default=True,
               help="embedded, cost-1.5b or cost-7b (models/build_cost_pair.py: the embedded pair with "
-                   "zero-output ballast, built and cached on first use).")
+                   "zero-output ballast), or real-1.5b, real-7b, real-1.5b-self, real-7b-self "
+                   "(models/build_real_pair.py: random checkpoints at Qwen2.5 shapes, converted); "
+                   "built and cached on first use.")
+@click.option("--draft-scale", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="real-* pairs: the draft's final-norm scale (self-drafting pairs: 1 gives the target's "
+                   "distribution, other values lower acceptance at T > 0).")
 @click.option("--pairs-dir", type=click.Path(file_okay=False), default=None,
               help="Where cost-realistic pairs are built and cached (default ~/.cache/specsample/pairs).")
 @click.option("--target", type=click.Path(exists=True, file_okay=False), default=None,
@@ -223,7 +228,7 @@ def _gammas(text):
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="PNG: speed-up vs gamma per method with the ideal curve.")
-def bench_decode(pair, pairs_dir, target, draft, ngram_min, ngram_max, device, workload, max_new_tokens, methods,
+def bench_decode(pair, pairs_dir, draft_scale, target, draft, ngram_min, ngram_max, device, workload, max_new_tokens, methods,
                  gammas, batches, temperature, seeds, ignore_eos, json_path, plot_path):
     """Speed-up over target-only at equal work: median and range over seeds, ideal and efficiency."""
     from tqdm import tqdm
@@ -237,9 +242,13 @@ def bench_decode(pair, pairs_dir, target, draft, ngram_min, ngram_max, device, w
     if target is None and (draft is None or ngram) and pair != "embedded":
         from pathlib import Path
 
-        from models.build_cost_pair import build_pair, default_root
-        target, built_draft = build_pair(pair, Path(pairs_dir) if pairs_dir else default_root(),
-                                         check="cuda" if device == "cuda" else "cpu")
+        from models import build_cost_pair, build_real_pair
+        root = Path(pairs_dir) if pairs_dir else build_cost_pair.default_root()
+        if pair in build_real_pair.PAIRS:
+            target, built_draft = build_real_pair.build_pair(
+                pair, root, dtype="float16" if device == "cuda" else "float32", draft_scale=draft_scale)
+        else:
+            target, built_draft = build_cost_pair.build_pair(pair, root, check="cuda" if device == "cuda" else "cpu")
         draft = draft if ngram else built_draft
     decoder = load_decoder(target, draft, device, ngram_min=ngram_min, ngram_max=ngram_max)
     methods = [m for m in methods.split(",") if m]
@@ -247,7 +256,7 @@ def bench_decode(pair, pairs_dir, target, draft, ngram_min, ngram_max, device, w
               "target": str(decoder.target_spec.model_dir),
               "draft": f"ngram {ngram_min}..{ngram_max}" if ngram else str(decoder.draft_spec.model_dir),
               "device": device, "max_new_tokens": max_new_tokens, "temperature": temperature,
-              "seeds": seeds, "cuda_graphs": decoder.cuda_graphs, "runs": []}
+              "seeds": seeds, "cuda_graphs": decoder.cuda_graphs, "draft_scale": draft_scale, "runs": []}
     batches = [int(b) for b in batches.split(",") if b]
     prompts = prompt_set(batches, WORKLOADS[workload])
     report["prompts"] = prompts

@@ -39,8 +39,9 @@ attention masks copied from the device's slot masks) and the next round's feeds 
 flight; reports of rounds enqueued before a row's refill are not that row's (joined). Each row then
 samples at its own temperature and from its request's random stream (decode_round.cu's row_draw).
 
-Used on CUDA when the models run with fixed bindings (sessions_static), their logits share a dtype
-(float32/float16) and the vocabulary fits one block's row sampler; otherwise decode_host runs.
+Used on CUDA when the models run with fixed bindings (sessions_static) and their logits share a dtype
+(float32/float16); otherwise decode_host runs. The samplers of draft_step_done and target_step_done
+give each row one block (sample_row.cuh) at every vocabulary size: one pass over the row.
 """
 from __future__ import annotations
 
@@ -56,7 +57,6 @@ from specsample_cupy.expected_accept import ExpectedAcceptance
 from specsample_cupy.gamma_policy import expected_accepted
 from specsample_cupy.ngram import propose_ngram_device
 from specsample_cupy.pinned import host_array
-from specsample_cupy.sampling import ROW_SAMPLER_MAX_V
 from specsample_cupy.sessions_static import StaticDecoderSession
 from specsample_cupy.verify import VerifyResult, verify
 from specsample_cupy.warps import off_warps
@@ -89,8 +89,6 @@ def supported(target, draft, gamma_cap: int) -> str | None:
         return "a model without fixed bindings (cuda_graphs=False, or no position_ids input)"
     if any(s.logits_dtype != target.logits_dtype for s in sessions) or target.logits_dtype.char not in "fe":
         return "logits dtypes"
-    if target.vocab_size > ROW_SAMPLER_MAX_V:
-        return f"vocabulary over {ROW_SAMPLER_MAX_V}"
     for s in sessions:
         if (s.head_dim * np.dtype(s.kv_dtype).itemsize) % 4:
             return "KV rows not a multiple of 4 bytes"
