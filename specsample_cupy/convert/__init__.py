@@ -106,6 +106,7 @@ def convert(hf_dir, out_dir, *, dtype: str = "float16", overwrite: bool = False)
         for name in SIDE_FILES:
             if ckpt.side_file(name):
                 shutil.copyfile(ckpt.side_file(name), tmp / name)
+        tmp.chmod(0o755)   # mkdtemp's folders are private
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
