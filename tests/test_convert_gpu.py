@@ -49,7 +49,7 @@ def test_exact_first_token_follows_the_target(tmp_path):
     p /= p.sum()
     counts = np.zeros(len(p))
     for seed in range(8):
-        out = decoder.generate([prompt] * 500, max_new_tokens=1, gamma=3, method="exact", temperature=1.0,
+        out = decoder.generate([prompt] * 500, max_new_tokens=5, gamma=3, method="exact", temperature=1.0,
                                seed=seed, ignore_eos=True)
         assert out.stats["loop"] == "device"
         np.add.at(counts, [t[0] for t in out.token_ids], 1)

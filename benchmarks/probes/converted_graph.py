@@ -22,6 +22,7 @@ def optimized_ops(model_path: Path) -> dict[str, int]:
 
     with tempfile.TemporaryDirectory() as tmp:
         options = ort.SessionOptions()
+        options.log_severity_level = 0   # verbose: the log lists nodes placed on the CPU
         options.optimized_model_filepath = os.path.join(tmp, "opt.onnx")
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "opt.data")
         options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")

@@ -75,8 +75,11 @@ def _attention(g, i, q, k, v, s: LlamaShape, allowed):
     q4 = g.op("Reshape", [_heads(g, q, H, hd), g.const(np.array([0, KV, -1, hd], np.int64))])
     scores = g.op("Mul", [g.op("MatMul", [q4, g.op("Transpose", [k_all], perm=[0, 1, 3, 2])]),
                           g.scalar(1.0 / np.sqrt(hd))])                               # [B, KV, G*S, T]
+    # Masked per query head, [B, H, S, T] against allowed [B, 1, S, T] (views, no copies).
+    scores = g.op("Reshape", [scores, g.const(np.array([0, H, -1, 0], np.int64))])
     scores = g.op("Where", [allowed, scores, g.scalar(np.finfo(g.compute_dtype).min)])
-    ctx = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v_all])                 # [B, KV, G*S, hd]
+    probs = g.op("Reshape", [g.op("Softmax", [scores], axis=-1), g.const(np.array([0, KV, -1, 0], np.int64))])
+    ctx = g.op("MatMul", [probs, v_all])                                              # [B, KV, G*S, hd]
     ctx = g.op("Reshape", [ctx, g.const(np.array([0, H, -1, hd], np.int64))])         # [B, H, S, hd]
     return g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]),
                             g.const(np.array([0, 0, H * hd], np.int64))])
@@ -127,9 +130,6 @@ def build_graph(checkpoint, s: LlamaShape, g: GraphBuilder) -> onnx.ModelProto:
     embed = g.weight(w.get("model.embed_tokens.weight", (s.vocab_size, s.hidden)), "embed_tokens")
     x = g.op("Gather", [embed, "input_ids"], axis=0, hint="embed")
     allowed = attention_allowed(g, "input_ids", "attention_mask")             # [B, 1, S, T]
-    groups = s.heads // s.kv_heads
-    if groups > 1:   # rows of the stacked queries: group-major, then position (see _attention)
-        allowed = g.op("Tile", [allowed, g.const(np.array([1, 1, groups, 1], np.int64))])
     cos, sin = s.rotary_tables(g.compute_dtype)
     rotary = (g.const(cos, "rotary_cos"), g.const(sin, "rotary_sin"))
     for i in range(s.layers):
