@@ -39,7 +39,7 @@ def test_exact_first_token_follows_the_target(tmp_path):
     from specsample_cupy.decoder import SpeculativeDecoder
     config = {**TINY["qwen2-tied"], "num_hidden_layers": 2}
     hf_target = write_checkpoint(tmp_path / "hf_t", config, seed=7, embed_scale=0.25)
-    hf_draft = write_checkpoint(tmp_path / "hf_d", config, seed=8, embed_scale=0.25)
+    hf_draft = write_checkpoint(tmp_path / "hf_d", config, seed=8, embed_scale=0.25, final_norm_scale=0.3)
     decoder = SpeculativeDecoder(convert(hf_target, tmp_path / "t"), convert(hf_draft, tmp_path / "d"), device="cuda")
     prompt = "def f(x):"
     ids = decoder.encode_prompts([prompt])[0]
@@ -53,5 +53,5 @@ def test_exact_first_token_follows_the_target(tmp_path):
                                seed=seed, ignore_eos=True)
         assert out.stats["loop"] == "device"
         np.add.at(counts, [t[0] for t in out.token_ids], 1)
-        assert 0.01 < out.stats["acceptance_rate"] < 0.99   # both branches of verification taken
+        assert 0.01 < out.stats["acceptance_rate"] < 0.95   # both branches of verification taken
     assert merged_chisquare(counts, p) > P_VALUE_THRESHOLD

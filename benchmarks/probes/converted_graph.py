@@ -64,13 +64,16 @@ def main():
     parser.add_argument("--capacity", type=int, default=256)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--bandwidth-gbs", type=float, default=4200.0, help="for the weight-read floor")
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--steps", default="1,5", help="new columns per run, comma-separated")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     onnx_path = args.model_dir / "model.onnx"
     weight_bytes = sum(p.stat().st_size for p in args.model_dir.glob("model.onnx*"))
     report = {"model": str(args.model_dir), "weight_bytes": weight_bytes,
               "floor_ms": weight_bytes / args.bandwidth_gbs / 1e6, "ops": optimized_ops(onnx_path),
-              "run_ms": {s: run_times(args.model_dir, args.batch, args.capacity, s) for s in (1, 5)}}
+              "run_ms": {s: run_times(args.model_dir, args.batch, args.capacity, int(s), args.reps)
+                         for s in args.steps.split(",")}}
     print(json.dumps(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, separators=(",", ":")))
