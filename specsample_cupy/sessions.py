@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specsample_cupy.genai_config import check_graph_agrees, config_from_genai
 from specsample_cupy.sessions_cache import KVCache, buffer_ptr
 
 MODEL_FILES = ("model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx")
@@ -100,6 +101,7 @@ class ModelSpec:
     bos_token_id: int | None
     pad_token_id: int
     tokenizer: object            # tokenizers.Tokenizer
+    config_path: Path | None = None   # where config came from (config.json or genai_config.json)
 
     @classmethod
     def from_dir(cls, model_dir) -> "ModelSpec":
@@ -108,16 +110,23 @@ class ModelSpec:
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
             raise ValueError(f"model directory {model_dir} does not exist")
-        onnx_path = next((model_dir / n for n in MODEL_FILES if (model_dir / n).exists()), None)
+        config_path = model_dir / "config.json"
+        genai_path = model_dir / "genai_config.json"
+        genai_file = None
+        if not config_path.exists() and genai_path.exists():   # ONNX Runtime GenAI's builder folder
+            config, genai_file = config_from_genai(_read_json(genai_path), genai_path)
+            config_path = genai_path
+        names = ((genai_file,) if genai_file else ()) + MODEL_FILES
+        onnx_path = next((model_dir / n for n in names if (model_dir / n).exists()), None)
         if onnx_path is None:
             if (model_dir / "decoder_model.onnx").exists():
                 raise ValueError(f"{model_dir} holds only decoder_model.onnx, a decoder without past; "
                                  "export with the task text-generation-with-past")
             raise ValueError(f"{model_dir} has none of {', '.join(MODEL_FILES)}")
-        config_path = model_dir / "config.json"
         if not config_path.exists():
-            raise ValueError(f"{model_dir} has no config.json")
-        config = _read_json(config_path)
+            raise ValueError(f"{model_dir} has no config.json (nor an ONNX Runtime GenAI genai_config.json)")
+        if config_path.name == "config.json":
+            config = _read_json(config_path)
         if "vocab_size" not in config:
             raise ValueError(f"{config_path} lacks vocab_size")
         vocab_size = _positive_int(config, "vocab_size", config_path)
@@ -134,7 +143,7 @@ class ModelSpec:
         eos, bos = special["eos_token_id"], special["bos_token_id"]
         pad = special["pad_token_id"] or eos or (0,)
         return cls(model_dir, onnx_path, config, vocab_size, context, eos, bos[0] if bos else None, pad[0],
-                   _load_tokenizer(tokenizer_path))
+                   _load_tokenizer(tokenizer_path), config_path)
 
     def encode(self, text: str) -> list[int]:
         ids = self.tokenizer.encode(text).ids
@@ -359,6 +368,8 @@ class DecoderSession:
             hidden // (cfg.get("n_head") or cfg.get("num_attention_heads")) if hidden else None)
         if not self.n_kv_heads or not self.head_dim:
             raise ValueError(f"{path}: cannot tell the number of KV heads / head size from the graph or config")
+        if self.spec.config_path is not None:
+            check_graph_agrees(cfg, self.spec.config_path, self.n_layer, key.shape[1], key.shape[3], path)
         self.kv_dtype = self._float_type(key)
         self.logits_dtype = self._float_type(outputs["logits"])
         vocab = outputs["logits"].shape[-1]
