@@ -14,15 +14,15 @@ from dataclasses import dataclass
 
 import click
 
-from specsample_cupy.decoder import METHODS
+from specsample_cupy.call_args import METHODS, resolve_temperature
 from specsample_cupy.ngram import NGRAM
 from specsample_cupy.stop_strings import cut_text
-from specsample_cupy.verify import ONEHOT_METHODS, SAMPLING_ONLY
+from specsample_cupy.verify import ONEHOT_METHODS
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 MAX_LISTED_ERRORS = 10
 STATS_SHOWN = (
-    ("method", "{}"), ("device", "{}"), ("gamma", "{}"), ("rounds", "{}"), ("generated_tokens", "{}"),
+    ("method", "{}"), ("device", "{}"), ("seed", "{}"), ("gamma", "{}"), ("rounds", "{}"), ("generated_tokens", "{}"),
     ("acceptance_rate", "{:.3f}"), ("mean_accepted_per_round", "{:.2f}"), ("tokens_per_s", "{:.1f}"),
     ("verify_time_per_round_s", "{:.6f}"), ("model_time_s", "{:.4f}"),
     ("host_overhead_per_round_s", "{:.6f}"), ("wall_s", "{:.4f}"),
@@ -58,6 +58,48 @@ class DraftOption(click.ParamType):
         if value == NGRAM:
             return value
         return click.Path(exists=True, file_okay=False).convert(value, param, ctx)
+
+
+class GammaType(click.ParamType):
+    """An int >= 0 or "auto" (generate()'s automatic gamma)."""
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if value == "auto" or isinstance(value, int) and value >= 0:
+            return value
+        try:
+            gamma = int(value)
+        except ValueError:
+            gamma = -1
+        if gamma < 0:
+            self.fail(f"{value!r} is neither an integer >= 0 nor 'auto'", param, ctx)
+        return gamma
+
+
+RANDOM_SEED = "random"
+
+
+class SeedType(click.ParamType):
+    """An int, or "random": None, a base seed the decoder draws from the operating system (and reports)."""
+    name = "INT|random"
+
+    def convert(self, value, param, ctx):
+        if value is None or value == RANDOM_SEED or isinstance(value, int) and not isinstance(value, bool):
+            return None if value == RANDOM_SEED else value
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither an integer nor 'random'", param, ctx)
+
+
+def checked_temperature(method: str, temperature) -> float:
+    """--temperature as the decoder takes it (generate()'s rule: left out, 1, or 0 for --method greedy,
+    which takes no other value), or a usage error."""
+    try:
+        return resolve_temperature(method, temperature, "--temperature")
+    except ValueError as exc:
+        hint = " or --method greedy" if temperature == 0 else ""
+        raise click.BadParameter(f"{exc}{hint}", param_hint="--temperature") from None
 
 
 DRAFT_HELP = ("Draft model directory (default: the embedded stdlib-code draft), or 'ngram': drafts by prompt "
@@ -309,11 +351,16 @@ def warn_context_stops(prompts: list[Prompt], out, reasons: list[str], budgets: 
                    "every line a JSON object). '-' reads stdin.")
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=0),
               help="Tokens to generate per prompt at most (fewer after an EOS or at the end of the context).")
-@click.option("--gamma", default=5, show_default=True, type=click.IntRange(min=0),
-              help="Draft tokens per round; 0 decodes with the target alone.")
+@click.option("--gamma", default="5", show_default=True, type=GammaType(),
+              help="Draft tokens per round; 0 decodes with the target alone; 'auto' picks each round's from the "
+                   "measured acceptance and costs.")
 @click.option("--method", type=click.Choice(METHODS), default="exact", show_default=True)
-@click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(min=0))
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--temperature", default=None, type=click.FloatRange(min=0),
+              help="Sampling temperature of both models; 0 is greedy.  [default: 1; --method greedy: 0, the only "
+                   "value it takes]")
+@click.option("--seed", default="0", show_default=True, type=SeedType(),
+              help="Base seed: each request draws from its own random stream, derived from it and the request's "
+                   "index (an id's, in generate); 'random' draws one from the operating system (reported).")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="Default: cuda when usable, else cpu.")
 @click.option("--adaptive-gamma", is_flag=True,
@@ -351,9 +398,7 @@ def decode(target, draft, ngram_min, ngram_max, prompt_texts, prompt_file, max_n
         raise click.UsageError("--json and --jsonl are exclusive")
     if logprobs and not (as_json or as_jsonl):
         raise click.UsageError("--logprobs prints with --json or --jsonl")
-    if method in SAMPLING_ONLY and temperature == 0:
-        raise click.BadParameter(f"method {method!r} samples: use --temperature > 0, or --method greedy",
-                                 param_hint="--temperature")
+    temperature = checked_temperature(method, temperature)
     prompts = read_prompts(prompt_texts, prompt_file)
     if ngram_min > ngram_max:
         raise click.BadParameter(f"--ngram-min {ngram_min} > --ngram-max {ngram_max}", param_hint="--ngram-min")

@@ -8,6 +8,9 @@ skipped. Requests are decoded with continuous batching (generate_run.Runner.run_
 --static (and where continuous batching cannot run: --gamma auto, --adaptive-gamma, method baseline)
 in generate() calls by generate_run's batching rule. With --ray, cli_generate_ray hands the requests to
 a pool of Ray workers, which batch them the same way, and this process writes their lines.
+
+Every line records the run's settings (generate_settings.py); a resume with other settings is refused
+before any model loads, unless --force-settings. The output path is checked before anything else.
 """
 from __future__ import annotations
 
@@ -16,34 +19,21 @@ import time
 
 import click
 
-from specsample_cupy.cli_decode import CONTEXT_SETTINGS, Prompt, decode, encode_all, load_decoder, resolve_device
+from specsample_cupy.cli_decode import (CONTEXT_SETTINGS, GammaType, Prompt, checked_temperature, decode, encode_all,
+                                        load_decoder, resolve_device)
+from specsample_cupy.cli_paths import check_writable
 from specsample_cupy.generate_input import FORMATS, Settings, read_requests
-from specsample_cupy.generate_output import OutputBusy, ResultWriter
+from specsample_cupy.generate_output import OutputBusy, Recovered, ResultWriter, scan_file
 from specsample_cupy.generate_ray_worker import WorkerSetup
 from specsample_cupy.generate_run import DecodeOptions, Runner, batches, continuous_allowed
-from specsample_cupy.verify import SAMPLING_ONLY
+from specsample_cupy.generate_settings import SettingsMismatch, check_resume, recorded_base_seed, run_settings
+from specsample_cupy.seeds import random_base_seed
 
 LOGPROB_METHODS = ("exact", "greedy", "target")   # what generate(logprobs=True) takes
 
 # `specsample decode`'s options that mean the same here (their click.Option objects, shared).
 DECODE_OPTIONS = ("target", "draft", "ngram_min", "ngram_max", "device", "method", "max_new_tokens", "stop_strings",
                   "top_k", "top_p", "min_p", "temperature", "seed", "adaptive_gamma")
-
-
-class GammaType(click.ParamType):
-    """An int >= 0 or "auto" (generate()'s automatic gamma)."""
-    name = "N|auto"
-
-    def convert(self, value, param, ctx):
-        if value == "auto" or isinstance(value, int) and value >= 0:
-            return value
-        try:
-            gamma = int(value)
-        except ValueError:
-            gamma = -1
-        if gamma < 0:
-            self.fail(f"{value!r} is neither an integer >= 0 nor 'auto'", param, ctx)
-        return gamma
 
 
 def truncation(top_k, top_p, min_p) -> dict:
@@ -72,6 +62,40 @@ def _check_paths(input_path: str, output_path: str):
     if input_path != "-" and os.path.exists(output_path) and os.path.exists(input_path) \
             and os.path.samefile(input_path, output_path):
         raise click.UsageError("--output must not be the --input file")
+    check_writable(output_path, "--output")
+
+
+def _recovered(path: str) -> Recovered:
+    try:
+        return scan_file(path)
+    except OSError as exc:
+        raise click.ClickException(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+
+
+def base_seed(seed: int | None, recovered: Recovered, path: str) -> tuple[int, str]:
+    """(the run's base seed, where it came from: "option" or "random"). --seed random draws one from
+    the operating system, or on a resume takes the one the file's lines record, so that re-running the
+    same command resumes."""
+    if seed is not None:
+        return seed, "option"
+    recorded = recorded_base_seed(recovered.settings)
+    if recorded is not None:
+        click.echo(f"--seed random: resuming {path} with the base seed its lines record, {recorded}", err=True)
+        return recorded, "random"
+    return random_base_seed(), "random"
+
+
+def settings_of_run(recovered: Recovered, path: str, force: bool, **options) -> dict:
+    """The run's settings (generate_settings.run_settings), refused when the file's lines were written
+    with others (unless force), before any model loads."""
+    try:
+        settings = run_settings(**options)
+        check_resume(recovered.settings, settings, path, force)
+    except SettingsMismatch as exc:
+        raise click.ClickException(str(exc)) from exc
+    except OSError as exc:
+        raise click.ClickException(f"cannot read the model files ({exc.filename}: {exc.strerror or exc})") from exc
+    return settings
 
 
 def open_output(path: str) -> ResultWriter:
@@ -119,10 +143,20 @@ def summary_counts(tally, read_as: str, already_done: int, rejected: int, decodi
     ]
 
 
-def check_generated(written: int, todo: int, already_done: int):
-    """The exit status is an error only when nothing could be decoded."""
+def check_generated(written: int, todo: int, already_done: int, not_generated: int = 0, strict: bool = False):
+    """The exit status is an error when nothing could be decoded, and with --strict when any request
+    was not (a rejected input line, a prompt the models cannot take, a refused batch)."""
     if written == 0 and (todo or not already_done):
         raise click.ClickException("nothing was generated")
+    if strict and not_generated:
+        raise click.ClickException(f"--strict: {not_generated} request(s) not generated (reported above)")
+
+
+def interrupted(output_path: str):
+    """Ctrl-C: what was written is kept and a re-run resumes (exit status 130, as for SIGINT)."""
+    click.echo(f"\nInterrupted: the lines written to {output_path} are kept; re-run the same command to resume.",
+               err=True)
+    raise click.exceptions.Exit(130)
 
 
 def _summary(runner, read_as: str, already_done: int, rejected: int, wall_s: float, load_s: float) -> str:
@@ -166,46 +200,72 @@ def _summary(runner, read_as: str, already_done: int, rejected: int, wall_s: flo
 @click.option("--ray-address", default=None,
               help="With --ray: join this Ray cluster ('auto': the one `ray start` runs on this machine) instead "
                    "of starting a local Ray sized for the workers.")
+@click.option("--strict", is_flag=True,
+              help="Exit with status 1 when any request was not generated (a rejected line, a prompt the models "
+                   "cannot take, a refused batch), not only when none was.")
+@click.option("--force-settings", is_flag=True,
+              help="Resume even though the output's lines were written with other settings (the lines then "
+                   "mix them; each records its own).")
 def generate(input_path, output_path, target, draft, ngram_min, ngram_max, device, method, max_new_tokens,
              stop_strings, top_k, top_p, min_p, temperature, seed, adaptive_gamma, input_format, batch_size, static,
-             gamma, logprobs, progress, on_ray, workers, gpus_per_worker, ray_address):
+             gamma, logprobs, progress, on_ray, workers, gpus_per_worker, ray_address, strict, force_settings):
     """Decode a dataset of requests into a JSONL file, resumably.
 
     Each line of --output is one request: id, line, text, token_ids, finish_reason, new_tokens, its
-    own rounds / proposed / accepted / acceptance_rate, latency_s, batch_size and the settings used
-    (a JSONL line's "max_new_tokens", "temperature" and "seed" override the options of those names);
+    own rounds / proposed / accepted / acceptance_rate, latency_s, batch_size, its max_new_tokens,
+    temperature, seed and seed_from (a JSONL line's "max_new_tokens", "temperature" and "seed" override
+    the options; a request without its own seed gets one derived from --seed and its id), and
+    "settings": the run's method, gamma, truncation, stop strings, seed and models (with a fingerprint);
     with --logprobs also logprobs, one per token_ids entry.
-    Re-running with the same --output decodes only the ids it does not hold yet. Bad input lines are
-    reported on stderr (FILE:LINE: why) and skipped; the exit status is 1 only when nothing could be
-    decoded. Requests are batched continuously unless --static is given or the options need static
+    Re-running with the same --output decodes only the ids it does not hold yet; other settings than the
+    file's are refused unless --force-settings. Bad input lines are reported on stderr (FILE:LINE: why)
+    and skipped; the exit status is 1 only when nothing could be decoded (with --strict: when anything
+    could not). Requests are batched continuously unless --static is given or the options need static
     batching (--gamma auto, --adaptive-gamma, --method baseline; a note says so). With --ray, Ray
     workers decode the requests, batched the same way, and this process writes their lines.
     """
     from specsample_cupy.cli_generate_ray import generate_on_ray, ray_pool   # it imports this module
 
     started = time.perf_counter()
-    if method in SAMPLING_ONLY and temperature == 0:
-        raise click.BadParameter(f"method {method!r} samples: use --temperature > 0, or --method greedy",
-                                 param_hint="--temperature")
+    temperature = checked_temperature(method, temperature)
     if logprobs and method not in LOGPROB_METHODS:
         raise click.BadParameter(f"--logprobs works with methods {', '.join(LOGPROB_METHODS)}, not {method!r}",
                                  param_hint="--method")
     _check_paths(input_path, output_path)
     pool = ray_pool(on_ray, workers, gpus_per_worker, ray_address, device)   # None without --ray
     name = "stdin" if input_path == "-" else input_path
-    options = DecodeOptions(method, gamma, adaptive_gamma, tuple(stop_strings), truncation(top_k, top_p, min_p),
-                            logprobs)
+    recovered = _recovered(output_path)
+    seed, seed_origin = base_seed(seed, recovered, output_path)
+    cut = truncation(top_k, top_p, min_p)
+    settings = settings_of_run(recovered, output_path, force_settings, method=method, gamma=gamma,
+                               adaptive_gamma=adaptive_gamma, temperature=temperature, max_new_tokens=max_new_tokens,
+                               truncation=cut, stop=stop_strings, seed=seed, seed_origin=seed_origin, target=target,
+                               draft=draft, ngram_min=ngram_min, ngram_max=ngram_max)
+    options = DecodeOptions(method, gamma, adaptive_gamma, tuple(stop_strings), cut, logprobs, settings)
     requests, rejections, read_as = read_requests(_read_input(input_path), name, input_format,
-                                                  Settings(max_new_tokens, float(temperature), seed), method)
+                                                  Settings(max_new_tokens, temperature, seed), method)
     for r in rejections:
         click.echo(f"{name}:{r.line}: {r.reason}; skipped", err=True)
     if not requests:
         raise click.ClickException(f"{name}: no usable request ({len(rejections)} line(s) rejected)")
-    if pool is not None:
-        setup = WorkerSetup(name, target, draft, pool.device, ngram_min, ngram_max, options)
-        generate_on_ray(requests, len(rejections), read_as, output_path, setup, pool, batch_size, progress, static)
-        return
+    if seed_origin == "random":
+        click.echo(f"--seed random: base seed {seed} (every line records it)", err=True)
+    try:
+        if pool is not None:
+            setup = WorkerSetup(name, target, draft, pool.device, ngram_min, ngram_max, options)
+            generate_on_ray(requests, len(rejections), read_as, output_path, setup, pool, batch_size, progress,
+                            static, strict)
+            return
+        _decode_here(requests, rejections, read_as, name, output_path, options, started, strict, static=static,
+                     batch_size=batch_size, progress=progress, target=target, draft=draft, device=device,
+                     ngram_min=ngram_min, ngram_max=ngram_max)
+    except KeyboardInterrupt:
+        interrupted(output_path)
 
+
+def _decode_here(requests, rejections, read_as, name, output_path, options, started, strict, *, static, batch_size,
+                 progress, target, draft, device, ngram_min, ngram_max):
+    """The single-process run: load the pair, open the output, decode the requests it does not hold."""
     loading = time.perf_counter()
     decoder = load_decoder(target, draft, resolve_device(device), ngram_min=ngram_min, ngram_max=ngram_max)
     load_s = time.perf_counter() - loading
@@ -217,7 +277,8 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
             click.echo(f"{why}; skipped", err=True)
         rejected = len(rejections) + len(pending) - len(todo)
         runner = Runner(decoder, writer, options, len(todo), progress)
-        why_static = "--static" if static else continuous_allowed(gamma, adaptive_gamma, method)
+        why_static = "--static" if static else continuous_allowed(options.gamma, options.adaptive_gamma,
+                                                                  options.method)
         if why_static and not static:
             click.echo(f"batching statically: {why_static}", err=True)
         source = lambda r: f"{name}:{r.line}"
@@ -232,4 +293,4 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
     finally:
         writer.close()
     click.echo(_summary(runner, read_as, already_done, rejected, time.perf_counter() - started, load_s), err=True)
-    check_generated(runner.written, len(todo), already_done)
+    check_generated(runner.written, len(todo), already_done, rejected + runner.failed, strict)

@@ -64,9 +64,9 @@ def check_models(setup: WorkerSetup):
 
 
 def generate_on_ray(requests, rejected: int, read_as: str, output_path: str, setup: WorkerSetup, pool: RayPool,
-                    batch_size: int, progress: bool, static: bool):
+                    batch_size: int, progress: bool, static: bool, strict: bool = False):
     """Decode the requests the output does not hold yet on the pool; `rejected`: input lines already
-    reported as bad; `static`: --static."""
+    reported as bad; `static`: --static; `strict`: --strict."""
     try:
         import ray
         from specsample_cupy import generate_ray
@@ -110,4 +110,5 @@ def generate_on_ray(requests, rejected: int, read_as: str, output_path: str, set
     else:
         lines = summary_counts(tally, read_as, already_done, rejected, 0.0)
     click.echo("\n".join(lines), err=True)
-    check_generated(tally.written, len(pending) - tally.rejected, already_done)
+    check_generated(tally.written, len(pending) - tally.rejected, already_done,
+                    rejected + tally.rejected + tally.failed, strict)

@@ -8,10 +8,12 @@ moved into its row, whose old slots become holes (KVCache.take_rows); the next r
 row. Caches that cannot take rows (CUDA-graph sessions' fixed buffers) prefill the newcomer in place:
 its row is reset and fed while the other rows' columns are holes.
 
-Every request has its own max_new_tokens, temperature and seed. Its random numbers are keyed by its
-seed and counted from its own first round (decode_host.RequestStreams, verify()'s `streams`), never
-by its row or by the requests around it, so it gets the tokens generate([prompt], seed=seed, ...)
-gives it alone, greedy or sampled (up to float near-ties of the batched model runs).
+Every request has its own max_new_tokens, temperature and seed: its own, or by default the one
+seeds.request_seed derives from the call's base seed and its index, as generate() derives them. Its
+random numbers are keyed by that seed and counted from its own first round (decode_host.RequestStreams,
+verify()'s `streams`), never by its row or by the requests around it, so it gets the tokens
+generate([prompt], seed=its seed, ...) gives it alone, greedy or sampled (up to float near-ties of the
+batched model runs).
 
 On CUDA the rounds are the device loop's where generate() would run it (decode_device.DeviceRounds:
 a newcomer's state and prefill are enqueued behind the rounds in flight, DeviceRounds.refill()),
@@ -20,22 +22,24 @@ target-only steps).
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from numbers import Integral, Real
+from numbers import Integral
 
 import numpy as np
 
 from specsample_cupy.decode_device import DeviceRounds
 from specsample_cupy.decode_host import HostRounds, RequestStreams
+from specsample_cupy.call_args import resolve_temperature
 from specsample_cupy.decode_stats import Clock, RequestTally
 from specsample_cupy.detokenize import TextAssembler
 from specsample_cupy.gamma_policy import FixedGamma
 from specsample_cupy.requests import Requests
+from specsample_cupy.seeds import as_int64, check_seed, request_seed
 from specsample_cupy.sessions_cache import KVCache
 from specsample_cupy.stop_strings import StopStrings, check_stop_strings
-from specsample_cupy.verify import SAMPLING_ONLY
 
 
 @dataclass
@@ -43,8 +47,8 @@ class StreamRequest:
     """One request of generate_stream(): a prompt and its own settings."""
     prompt: str
     max_new_tokens: int = 64
-    temperature: float = 1.0   # 0: greedy
-    seed: int = 0
+    temperature: float | None = None   # 0: greedy; None: 1, or 0 with method "greedy" (generate()'s rule)
+    seed: int | None = None   # None: derived from generate_stream()'s seed and the request's index
 
 
 @dataclass
@@ -55,13 +59,15 @@ class FinishedRequest:
     token_ids: list[int]        # EOS included when one was produced; cut after a stop string
     finish_reason: str          # length | eos | context | stop
     stats: dict = field(default_factory=dict)   # new_tokens, rounds, proposed, accepted, acceptance_rate,
-    #                                             latency_s (from taking a row to finishing, prefill included)
+    #                                             latency_s (from taking a row to finishing, prefill included),
+    #                                             seed (the request's: its own or the derived one)
     logprobs: list[float] | None = None   # generate_stream(logprobs=True): one per token of token_ids
 
 
-def check_requests(requests, method: str) -> list[StreamRequest]:
-    """The requests as StreamRequests (a str is a prompt with the defaults); TypeError/ValueError
-    naming the request otherwise."""
+def check_requests(requests, method: str, base_seed: int = 0) -> list[StreamRequest]:
+    """The requests as new StreamRequests (a str is a prompt with the defaults) whose temperature and
+    seed are resolved (generate()'s rules; a request without a seed gets request_seed(base_seed, its
+    index)); TypeError/ValueError naming the request otherwise."""
     out = []
     for i, r in enumerate([requests] if isinstance(requests, (str, StreamRequest)) else list(requests)):
         r = StreamRequest(r) if isinstance(r, str) else r
@@ -69,21 +75,19 @@ def check_requests(requests, method: str) -> list[StreamRequest]:
             raise TypeError(f"request {i} must be a str or a StreamRequest with a str prompt, got {r!r:.80}")
         if not isinstance(r.max_new_tokens, Integral) or isinstance(r.max_new_tokens, bool) or r.max_new_tokens < 0:
             raise ValueError(f"request {i}: max_new_tokens must be an int >= 0, got {r.max_new_tokens!r}")
-        if not (isinstance(r.temperature, Real) and not isinstance(r.temperature, bool)
-                and np.isfinite(r.temperature) and r.temperature >= 0):
-            raise ValueError(f"request {i}: temperature must be finite and >= 0, got {r.temperature!r}")
-        if r.temperature == 0 and method in SAMPLING_ONLY:
-            raise ValueError(f"request {i}: method {method!r} needs temperature > 0; use method='greedy'")
-        if not isinstance(r.seed, Integral) or isinstance(r.seed, bool):
-            raise ValueError(f"request {i}: seed must be an int, got {r.seed!r}")
-        out.append(r)
+        try:
+            temperature = resolve_temperature(method, r.temperature, f"request {i}: temperature")
+            seed = request_seed(base_seed, i) if r.seed is None else check_seed(r.seed, f"request {i}: seed")
+        except ValueError as exc:
+            raise ValueError(str(exc) if str(exc).startswith("request") else f"request {i}: {exc}") from None
+        out.append(dataclasses.replace(r, temperature=temperature, seed=seed))
     if not out:
         raise ValueError("no requests given")
     return out
 
 
 def decode_stream(dec, requests, batch_size: int, *, gamma: int, method: str, ignore_eos: bool, stop,
-                  truncation: dict, logprobs: bool = False):
+                  truncation: dict, logprobs: bool = False, seed: int = 0):
     """Check the arguments now (ValueError/TypeError), then return the generator of FinishedRequests
     that SpeculativeDecoder.generate_stream() documents."""
     if gamma == "auto" or not isinstance(gamma, Integral) or isinstance(gamma, bool) or gamma < 0:
@@ -98,7 +102,8 @@ def decode_stream(dec, requests, batch_size: int, *, gamma: int, method: str, ig
     dec._check(method, 1.0, 0, gamma)
     truncation = dec._check_truncation(method, 1.0, logprobs, **truncation)
     stops = check_stop_strings(stop)
-    requests = check_requests(requests, method)
+    base_seed = check_seed(seed)
+    requests = check_requests(requests, method, base_seed)
     speculative = method != "target" and gamma > 0
     sessions = (dec.target, dec.draft) if speculative and dec.draft is not None else (dec.target,)
     if not all(getattr(s, "has_position_ids", True) for s in sessions):
@@ -109,6 +114,7 @@ def decode_stream(dec, requests, batch_size: int, *, gamma: int, method: str, ig
     budgets = np.array([min(r.max_new_tokens, context - len(p)) for r, p in zip(requests, prompt_ids)], np.int64)
     run = _Run(dec, requests, prompt_ids, budgets, sessions, gamma if speculative else 0, method, ignore_eos,
                stops, truncation, logprobs)
+    run.counts["seed"] = base_seed
     return StreamResults(run, batch_size)
 
 
@@ -117,7 +123,7 @@ class StreamResults:
     finishes, and `stats`, the call's counts so far: rows (requests in flight at most), rounds (the
     loop's), request_rounds (rounds summed over the requests in them), refills (rows given a new
     request between rounds), occupancy (request_rounds / (rounds * rows)), loop ("device" or "host",
-    once decoding has started)."""
+    once decoding has started), seed (the call's base seed)."""
 
     def __init__(self, run, batch_size: int):
         self._run, self._results = run, run.results(batch_size)
@@ -184,7 +190,8 @@ class _Run:
             else:
                 empty.append(FinishedRequest(i, "", [], "length", {"new_tokens": 0, "rounds": 0, "proposed": 0,
                                                                    "accepted": 0, "acceptance_rate": None,
-                                                                   "latency_s": 0.0}, [] if self.logprobs else None))
+                                                                   "latency_s": 0.0, "seed": self.requests[i].seed},
+                                             [] if self.logprobs else None))
         return taken, empty
 
     def _decode(self, first: list[int]):
@@ -204,7 +211,7 @@ class _Run:
             self.caches = dec._new_caches(self.req, self.sessions, self.gamma, columns=columns)
             dec._prefill(list(zip(self.sessions, self.caches)), self.req)
         self.temps = np.array([self.requests[i].temperature for i in first], np.float32)
-        self.streams = RequestStreams([self.requests[i].seed for i in first])
+        self.streams = RequestStreams(as_int64([self.requests[i].seed for i in first]))
         caches = (self.caches[0], self.caches[1] if len(self.caches) > 1 else None)
         on_device = dec._why_not_device_loop(self.gamma > 0, self.gamma) is None
         self.counts["loop"] = "device" if on_device else "host"
@@ -271,7 +278,8 @@ class _Run:
         text, ids = self.assembler.text(b), req.generated(b)
         if self.stopper is not None and self.stopper.matched[b]:
             text, ids = self.stopper.cut_row(ids)
-        stats = {"new_tokens": len(ids), **self.tally.fields(b), "latency_s": float(time.perf_counter() - self.admitted[b])}
+        stats = {"new_tokens": len(ids), **self.tally.fields(b), "latency_s": float(time.perf_counter() - self.admitted[b]),
+                 "seed": self.requests[self.rows[b]].seed}
         logprobs = self.loop.logprobs[b][:len(ids)] if self.logprobs else None   # cut as the ids are
         return FinishedRequest(self.rows[b], text, ids, req.finish_reason(b), stats, logprobs)
 
@@ -294,7 +302,7 @@ class _Run:
                 self.loop.logprobs[b] = []
         self.tally.reset(rows)
         self.counts["refills"] += len(rows)
-        self.streams.restart(rows, [self.requests[i].seed for i in picks], self.loop.round)
+        self.streams.restart(rows, as_int64([self.requests[i].seed for i in picks]), self.loop.round)
         if isinstance(self.loop, DeviceRounds):   # the rows' state and prefill enqueued behind the rounds
             self.loop.refill(rows, temperatures=None if self.greedy else self.temps[rows],
                              truncated=bool(self.truncation), warps=self._device_warps())

@@ -12,26 +12,25 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from specsample_cupy import decode_device, decode_stats
-from specsample_cupy.decode_host import HostRounds
+from specsample_cupy.call_args import METHODS, check_call, check_truncation, resolve_temperature, token_id_prompts
+from specsample_cupy.decode_host import HostRounds, RequestStreams
+from specsample_cupy.decoder_device import graph_refusals as _graph_refusals, pick_device as _pick_device
 from specsample_cupy.decode_stats import Clock, Totals, timed_runs
 from specsample_cupy.detokenize import TextAssembler
 from specsample_cupy.gamma_policy import REPROBE, make_policy
 from specsample_cupy.ngram import NGRAM, check_ngram_range
 from specsample_cupy.pinned import PinnedRing
 from specsample_cupy.requests import Requests
-from specsample_cupy.sessions import DecoderSession, ModelSpec, array_module, check_pair, cuda_available
+from specsample_cupy.seeds import as_int64, random_base_seed, resolve_seeds
+from specsample_cupy.sessions import DecoderSession, ModelSpec, array_module, check_pair
 from specsample_cupy.sessions_static import StaticDecoderSession
 from specsample_cupy.stop_strings import StopStrings, check_stop_strings
-from specsample_cupy.verify import METHODS as VERIFY_METHODS, ONEHOT_METHODS, SAMPLING_ONLY
-
-METHODS = VERIFY_METHODS + ("target",)
 # upload()'s slots: one is reused only after its copy ran (a few rounds later: at once).
 UPLOAD_SLOTS = 8
 
@@ -40,27 +39,6 @@ def default_model_dir(role: str) -> Path:
     """The embedded pair, models/stdlib-code/{target,draft}, next to the installed models package."""
     import models
     return Path(models.__file__).resolve().parent / "stdlib-code" / role
-
-
-def _pick_device(device: str | None) -> str:
-    if device is None:
-        if cuda_available():
-            return "cuda"
-        warnings.warn("no CUDA device usable by CuPy and onnxruntime-gpu; decoding on the CPU", RuntimeWarning,
-                      stacklevel=3)
-        return "cpu"
-    if device == "cuda" and not cuda_available():
-        raise RuntimeError("device='cuda' needs CuPy, a CUDA device and onnxruntime-gpu's CUDAExecutionProvider")
-    if device not in ("cuda", "cpu"):
-        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
-    return device
-
-
-def _graph_refusals() -> tuple:
-    """What a StaticDecoderSession raises for a model it cannot run with fixed bindings: our own
-    ValueError (no position_ids, a use_cache_branch input) and ONNX Runtime's refusal to capture."""
-    from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
-    return (ValueError, ort_errors.Fail, ort_errors.RuntimeException, ort_errors.NotImplemented, ort_errors.EPFail)
 
 
 @dataclass
@@ -174,7 +152,11 @@ class SpeculativeDecoder:
     def encode_prompts(self, prompts) -> list[list[int]]:
         """Token ids per prompt. An empty prompt starts from the model's BOS token, or is refused
         (ValueError) when the model has none."""
-        prompt_ids = [self.target_spec.encode(p) for p in prompts]
+        return self.check_prompt_ids([self.target_spec.encode(p) for p in prompts])
+
+    def check_prompt_ids(self, prompt_ids: list[list[int]]) -> list[list[int]]:
+        """The prompts' ids, an empty one given the model's BOS token (ValueError without one, or for a
+        prompt that leaves the context no room to generate)."""
         bos = self.target_spec.bos_token_id
         for i, ids in enumerate(prompt_ids):
             if not ids:
@@ -204,15 +186,17 @@ class SpeculativeDecoder:
             cupy.cuda.Device(device_id).use()
             self.stream = cupy.cuda.Stream(non_blocking=True)
 
-    def generate(self, prompts, max_new_tokens: int = 64, gamma: int | str = 5, method: str = "exact",
-                 temperature: float = 1.0, seed: int = 0, adaptive_gamma: bool = False, gamma_min: int = 1,
-                 gamma_max: int = 12, ignore_eos: bool = False, on_tokens=None, on_round=None,
+    def generate(self, prompts=None, max_new_tokens: int = 64, gamma: int | str = 5, method: str = "exact",
+                 temperature: float | None = None, seed: int | None = 0, adaptive_gamma: bool = False,
+                 gamma_min: int = 1, gamma_max: int = 12, ignore_eos: bool = False, on_tokens=None, on_round=None,
                  stop=(), top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
-                 logprobs: bool = False) -> GenerationOutput:
+                 logprobs: bool = False, seeds=None, prompt_ids=None) -> GenerationOutput:
         """Continue each prompt by up to max_new_tokens tokens (fewer after an EOS or the context's end).
 
         Args:
             prompts: a string or a list of B strings (any lengths; batched with left padding).
+            prompt_ids: instead of prompts, the prompts as token ids: a list of B lists of ints (or one
+                list of ints); ids outside the vocabulary are a ValueError.
             gamma: draft tokens proposed per round; 0 (or method="target") decodes with the target alone;
                 "auto" picks each round's gamma in [gamma_min, gamma_max] that maximises expected tokens
                 per second from the measured acceptance and per-run costs (gamma_policy.AutoGamma),
@@ -221,9 +205,18 @@ class SpeculativeDecoder:
                 (stats["auto_target_only"]), speculating again every gamma_policy.REPROBE-th call.
             method: "exact", "sigmoid", "sigmoid-paper", "baseline" or "greedy" (see verify()), or
                 "target".
-            temperature: sampling temperature of both models; 0 is greedy.
-            seed: keys the random numbers; the same seed gives the same tokens on CPU and GPU (up to
+            temperature: sampling temperature of both models; 0 is greedy; None (the default): 1, or 0
+                for method "greedy", which refuses any other value (ValueError; call_args.py says why).
+            seed: the call's base seed: request i draws from its own random stream, keyed by
+                seeds.request_seed(seed, i) (request 0 by seed itself), so identical prompts draw
+                independent samples and a request's tokens do not depend on the others of the call (up
+                to float near-ties of batched model runs; method "baseline" draws from one generator for
+                the call). None draws a base seed from the operating system. stats["seed"] holds the
+                base and stats["seeds"] each request's seed: generate([prompt], seed=stats["seeds"][i])
+                reproduces request i alone. The same seeds give the same tokens on CPU and GPU (up to
                 float near-ties).
+            seeds: optional, one entry per request: its own seed (an int, which wins over the derived
+                one), or None to derive it from seed and its index.
             adaptive_gamma: after each round gamma += 2 if every request accepted all its drafts, else
                 gamma -= 1, clipped to [gamma_min, gamma_max] (Hugging Face's heuristic).
             ignore_eos: generate exactly max_new_tokens per request (benchmarks: equal work).
@@ -246,16 +239,25 @@ class SpeculativeDecoder:
         alone, CUDA events; None when time_model_runs is off), prefill_model_time_s,
         verify_times_s (each round's), host_overhead_per_round_s (wall - model - verify, per round),
         loop ("device" or "host"), device_rounds (True, or why the host loop ran), discarded_rounds,
-        read_wait_per_round_s, kv_compactions and cuda_graphs.
+        read_wait_per_round_s, kv_compactions, cuda_graphs, seed and seeds.
         """
         policy_mode = "auto" if gamma == "auto" else ("adaptive" if adaptive_gamma else "fixed")
         gamma = 4 if gamma == "auto" else gamma
         self._check(method, temperature, max_new_tokens, gamma)
+        temperature = resolve_temperature(method, temperature)
         truncation = self._check_truncation(method, temperature, logprobs, top_k=top_k, top_p=top_p, min_p=min_p)
         stops = check_stop_strings(stop)
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if (prompts is None) == (prompt_ids is None):
+            raise ValueError("pass prompts (text) or prompt_ids (token ids), one of them")
+        if prompt_ids is not None:
+            prompts = self.check_prompt_ids(token_id_prompts(prompt_ids, self.target.vocab_size))
+        else:
+            prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if not prompts:
             raise ValueError("no prompts given")
+        base_seed, request_seeds = resolve_seeds(seed, seeds, len(prompts))
+        if method == "baseline" and gamma > 0:
+            request_seeds = None   # verify()'s baseline draws from one generator for the call, not per request
         speculative = method != "target" and gamma > 0
         # Automatic gamma starts from what earlier calls of this kind measured, and may run target-only.
         memory = self._auto_memory.setdefault((method, float(temperature), len(prompts)), {"calls": 0}) \
@@ -272,7 +274,7 @@ class SpeculativeDecoder:
             policy = make_policy(gamma if speculative else 0, policy_mode, gamma_min, gamma_max,
                                  temperature=0.0 if method == "greedy" else temperature,
                                  expected=method == "exact" and not truncation and self.draft is not None)
-            req = self._requests(prompts, max_new_tokens, policy.cap, ignore_eos)
+            req = self._requests(prompts, max_new_tokens, policy.cap, ignore_eos, encoded=prompt_ids is not None)
             sessions = (self.target, self.draft) if speculative and self.draft is not None else (self.target,)
             clock = Clock(self.stream, self._events)
             with self._on_stream():
@@ -281,7 +283,8 @@ class SpeculativeDecoder:
                 with timed_runs(sessions, clock, "prefill"):
                     self._prefill(list(zip(sessions, caches)), req)
                 # Rounds, until every request has finished.
-                rounds, why_not_device = self._rounds(req, caches, policy, method, temperature, seed, clock,
+                rounds, why_not_device = self._rounds(req, caches, policy, method, temperature, base_seed,
+                                                      request_seeds, clock,
                                                       (memory or {}).get("state") if speculative else None,
                                                       truncation, logprobs)
                 assembler = TextAssembler(self.tokenizer, req.batch, incremental=why_not_device is None)
@@ -313,7 +316,8 @@ class SpeculativeDecoder:
                        "auto_target_only": memory is not None and not speculative,
                        "discarded_rounds": rounds.discarded, "gamma_mode": policy_mode,
                        "read_wait_per_round_s": rounds.read_wait_s / max(totals.rounds, 1),
-                       "kv_compactions": sum(c.compactions for c in caches), "cuda_graphs": dict(self.cuda_graphs)})
+                       "kv_compactions": sum(c.compactions for c in caches), "cuda_graphs": dict(self.cuda_graphs),
+                       "seed": base_seed, "seeds": request_seeds})
             return GenerationOutput(texts, token_ids, [req.finish_reason(b) for b in range(req.batch)], stats,
                                     kept_logprobs)
         finally:
@@ -321,25 +325,27 @@ class SpeculativeDecoder:
 
     def generate_stream(self, requests, batch_size: int = 8, gamma: int = 5, method: str = "exact",
                         ignore_eos: bool = False, stop=(), top_k: int | None = None, top_p: float | None = None,
-                        min_p: float | None = None, logprobs: bool = False):
+                        min_p: float | None = None, logprobs: bool = False, seed: int | None = 0):
         """Continuous batching: decode a queue of requests with at most batch_size in flight, a finished
         request's row taking the next one between rounds (specsample_cupy/continuous.py).
 
         Args:
             requests: prompts (str) or continuous.StreamRequest(prompt, max_new_tokens, temperature,
-                seed), each with its own settings.
+                seed), each with its own settings; a request without a seed gets the one generate()
+                would give it at its index: seeds.request_seed(seed, index).
             gamma: a fixed gamma (an int >= 0; 0 or method="target" decodes with the target alone);
                 "auto" and adaptive gamma are refused (ValueError).
             method: as generate(), except "baseline" (ValueError: its numbers follow no request).
             ignore_eos, stop, top_k, top_p, min_p: as generate(), for every request.
             logprobs: as generate(): each FinishedRequest's .logprobs, one per token of its token_ids.
+            seed: the call's base seed (None: drawn from the operating system; .stats["seed"]).
 
         Returns an iterator (continuous.StreamResults) of continuous.FinishedRequest(index, text,
         token_ids, finish_reason, stats, logprobs), one per request as it finishes (index: its position in
         `requests`); its .stats counts the call's rounds and refills so far, and says which loop ran
         ("loop": "device" on CUDA with CUDA graphs, as generate(), else "host"). Each request gets the
-        tokens generate([prompt], max_new_tokens, gamma, method, temperature, seed, ...) gives it
-        alone (up to float near-ties of batched model runs): its random numbers are its own
+        tokens generate([prompt], max_new_tokens, gamma, method, temperature, seed=its seed, ...) gives
+        it alone (its seed: FinishedRequest.stats["seed"]) (up to float near-ties of batched model runs): its random numbers are its own
         (verify()'s streams). Arguments are checked at the call; the decoder is busy (RuntimeError
         for another call) until the iterator is exhausted or closed.
 
@@ -351,35 +357,21 @@ class SpeculativeDecoder:
         from specsample_cupy.continuous import decode_stream
         truncation = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
         return decode_stream(self, requests, batch_size, gamma=gamma, method=method, ignore_eos=ignore_eos,
-                             stop=stop, truncation=truncation, logprobs=logprobs)
+                             stop=stop, truncation=truncation, logprobs=logprobs,
+                             seed=random_base_seed() if seed is None else seed)
 
     def _check(self, method, temperature, max_new_tokens, gamma):
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        if not (np.isfinite(temperature) and temperature >= 0):
-            raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-        if method in SAMPLING_ONLY and temperature == 0:
-            raise ValueError(f"method={method!r} needs temperature > 0; use method='greedy'")
-        if self.ngram and method not in ONEHOT_METHODS + ("target",):
-            raise ValueError(f"draft='ngram' verifies one-hot drafts: method must be one of "
-                             f"{ONEHOT_METHODS + ('target',)}, got {method!r}")
-        if not isinstance(gamma, (int, np.integer)) or isinstance(gamma, bool):
-            raise ValueError(f"gamma must be an int >= 0 or 'auto', got {gamma!r}")
-        if max_new_tokens < 0 or gamma < 0:
-            raise ValueError("max_new_tokens and gamma must be >= 0")
+        """ValueError for a bad method, gamma or budget (call_args.check_call); the temperature is
+        resolved apart (call_args.resolve_temperature)."""
+        check_call(method, max_new_tokens, gamma, ngram=bool(self.ngram))
 
     def _check_truncation(self, method, temperature, logprobs, **truncation):
         """The active top_k / top_p / min_p (validated by verify()'s rules), as keyword arguments."""
-        from specsample_cupy.warps import make_warps
-        truncation = {k: v for k, v in truncation.items() if v is not None}
-        active = make_warps(np, 1, self.target.vocab_size, None, float(temperature), **truncation) is not None
-        if (active or logprobs) and method not in ("exact", "greedy", "target"):
-            raise ValueError(f"top_k/top_p/min_p and logprobs work with methods exact, greedy and target, "
-                             f"not {method!r}")
-        return truncation if active else {}
+        return check_truncation(method, temperature, logprobs, self.target.vocab_size, **truncation)
 
-    def _requests(self, prompts, max_new_tokens, gamma_cap, ignore_eos) -> Requests:
-        prompt_ids = self.encode_prompts(prompts)
+    def _requests(self, prompts, max_new_tokens, gamma_cap, ignore_eos, encoded: bool = False) -> Requests:
+        """encoded: prompts are token ids, already checked."""
+        prompt_ids = prompts if encoded else self.encode_prompts(prompts)
         context = self.context_length or 1 << 62
         budgets = np.array([min(max_new_tokens, context - len(p)) for p in prompt_ids])
         eos = () if ignore_eos else self.target_spec.eos_token_ids
@@ -404,15 +396,19 @@ class SpeculativeDecoder:
         capacity = (req.seq.shape[1] if columns is None else columns) + max(kv_slack, 2 * (gamma_cap + 1))
         return [s.new_cache(req.batch, capacity, kv_slack) for s in sessions]
 
-    def _rounds(self, req, caches, policy, method, temperature, seed, clock, auto_state=None, truncation=None,
-                logprobs=False):
+    def _rounds(self, req, caches, policy, method, temperature, seed, request_seeds, clock, auto_state=None,
+                truncation=None, logprobs=False):
         """The loop that runs this call's rounds, and None or why it is not the device loop.
-        auto_state: what earlier calls of this kind measured, for an automatic gamma policy."""
+        request_seeds: each request's seed, keying its own random stream (decode_host.RequestStreams;
+        every request joins at round 0), or None: the call's seed, each request drawing by its row
+        (method "baseline", whose numbers come from one generator). auto_state: what earlier calls of
+        this kind measured, for an automatic gamma policy."""
         target_cache, draft_cache = caches[0], (caches[1] if len(caches) > 1 else None)
         speculative = policy.cap > 0
         why_not = self._why_not_device_loop(speculative, policy.cap)
         temperature = 0.0 if method == "greedy" else float(temperature)
         method = method if speculative else "target"
+        streams = None if request_seeds is None else RequestStreams(as_int64(request_seeds))
         if why_not is None:
             if getattr(policy, "cost", None) is not None:
                 policy.cost = decode_device.DeviceCost(None)   # calibrated by DeviceRounds, which then chooses
@@ -426,13 +422,13 @@ class SpeculativeDecoder:
                     warps = build_warps(cupy, req.batch, self.target.vocab_size, temperature, **truncation)
             return decode_device.DeviceRounds(self, req, target_cache, draft_cache, policy=policy, method=method,
                                               temperature=temperature, seed=seed, clock=clock, warps=warps,
-                                              logprobs=logprobs), None
+                                              logprobs=logprobs, streams=streams), None
         if auto_state is not None:
             policy.load(auto_state)
             policy.choose()
         return HostRounds(self, req, target_cache, draft_cache, policy=policy, method=method,
                           temperature=temperature, seed=seed, clock=clock, truncation=truncation,
-                          logprobs=logprobs), why_not
+                          logprobs=logprobs, streams=streams), why_not
 
     def _why_not_device_loop(self, speculative: bool, gamma_cap: int) -> str | None:
         """None when this call runs the device loop (decode_device), else why it does not."""

@@ -4,6 +4,10 @@ A bad line never stops the others: each one is returned as a Rejection (its line
 the command reports it and goes on. JSONL lines are {"id", "prompt"} objects, optionally with
 "max_new_tokens", "temperature" and "seed" overriding the command's options; in a text file each
 non-blank line is a prompt and its id is its line number.
+
+A request's seed is the line's own "seed", or seeds.request_seed(the run's base seed, key_of_id(id)):
+every request of a run draws from a stream of its own, the same whatever it is batched with and
+whatever the order of the lines.
 """
 from __future__ import annotations
 
@@ -13,16 +17,25 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from specsample_cupy.cli_decode import _json_object
+from specsample_cupy.seeds import key_of_id, request_seed
 from specsample_cupy.verify import SAMPLING_ONLY
+
+SEED_FROM_LINE, SEED_FROM_RUN = "line", "run"
 
 FORMATS = ("auto", "jsonl", "text")
 
 
 class Settings(NamedTuple):
-    """What one generate() call applies to all its requests, so requests are batched by it."""
+    """A request's settings. A static batch (one generate() call) shares max_new_tokens and temperature
+    (batch_key); each request keeps its own seed."""
     max_new_tokens: int
     temperature: float
-    seed: int
+    seed: int               # the request's seed (as defaults given to read_requests: the run's base seed)
+    seed_from: str = SEED_FROM_RUN   # "line": the line's own; "run": derived from the base seed and the id
+
+    @property
+    def batch_key(self) -> tuple:
+        return self.max_new_tokens, self.temperature
 
 
 @dataclass
@@ -44,11 +57,17 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def run_seeded(defaults: Settings, request_id) -> Settings:
+    """The defaults with the seed of request `request_id` derived from the run's base seed."""
+    return defaults._replace(seed=request_seed(defaults.seed, key_of_id(request_id)), seed_from=SEED_FROM_RUN)
+
+
 def _settings(obj: dict, defaults: Settings, method: str) -> Settings | str:
-    """The line's settings (its fields over the defaults), or why they are unusable."""
+    """The line's settings (its fields over the defaults; its seed, or one derived from the base seed
+    and its id), or why they are unusable."""
     max_new_tokens = obj.get("max_new_tokens", defaults.max_new_tokens)
     temperature = obj.get("temperature", defaults.temperature)
-    seed = obj.get("seed", defaults.seed)
+    seed = obj.get("seed", 0)
     if not _is_int(max_new_tokens) or max_new_tokens < 0:
         return '"max_new_tokens" must be an integer >= 0'
     if not (_is_int(temperature) or isinstance(temperature, float)) or not math.isfinite(temperature) \
@@ -56,9 +75,13 @@ def _settings(obj: dict, defaults: Settings, method: str) -> Settings | str:
         return '"temperature" must be a finite number >= 0'
     if temperature == 0 and method in SAMPLING_ONLY:
         return f'"temperature" 0 does not work with method {method!r}, which samples'
+    if temperature != 0 and method == "greedy":
+        return f'"temperature" {temperature} does not work with method \'greedy\', which takes the argmax (0 only)'
     if not _is_int(seed):
         return '"seed" must be an integer'
-    return Settings(max_new_tokens, float(temperature), seed)
+    if "seed" in obj:
+        return Settings(max_new_tokens, float(temperature), seed, SEED_FROM_LINE)
+    return run_seeded(defaults._replace(max_new_tokens=max_new_tokens, temperature=float(temperature)), obj["id"])
 
 
 def _from_json_line(obj: dict | None, n: int, defaults: Settings, method: str, first_line: dict) -> Request | str:
@@ -93,7 +116,8 @@ def is_jsonl(objects: list[dict | None], name: str, fmt: str) -> bool:
 def read_requests(data: bytes, name: str, fmt: str, defaults: Settings, method: str
                   ) -> tuple[list[Request], list[Rejection], str]:
     """The requests of an input file's bytes, every line that is not one (with why, in line order), and
-    the format read ("jsonl" or "text"). Blank lines are neither."""
+    the format read ("jsonl" or "text"). Blank lines are neither. defaults: the command's settings,
+    its seed the run's base seed."""
     lines, rejections = [], []
     # Lines end at \n (or \r\n) only, as `decode --prompt-file` reads them; each is UTF-8 on its own,
     # so one bad byte costs one line.
@@ -108,7 +132,7 @@ def read_requests(data: bytes, name: str, fmt: str, defaults: Settings, method: 
     requests = []
     objects = [_json_object(text) for _, text in lines] if fmt != "text" else []
     if not is_jsonl(objects, name, fmt):
-        return [Request(n, json.dumps(n), n, text, defaults) for n, text in lines], rejections, "text"
+        return [Request(n, json.dumps(n), n, text, run_seeded(defaults, n)) for n, text in lines], rejections, "text"
     first_line = {}
     for (n, _), obj in zip(lines, objects):
         request = _from_json_line(obj, n, defaults, method, first_line)

@@ -3,13 +3,16 @@
 A line is written with one flush, so a crash (even kill -9) can leave at most one torn line, the
 last, with no newline after it. Opening the file for a run takes an exclusive lock (two runs
 appending to one file would write ids twice), then cuts such a torn line away and collects the ids
-of the complete lines: those requests are done.
+of the complete lines: those requests are done, and the distinct settings they were written with
+(generate_settings.py), which scan_file() also reads without opening the file for writing.
 """
 from __future__ import annotations
 
 import json
 import os
 from dataclasses import dataclass, field
+
+from specsample_cupy.generate_settings import canonical
 
 try:
     import fcntl
@@ -26,6 +29,7 @@ class Recovered:
     done: set = field(default_factory=set)        # keys (json.dumps(id)) of the complete lines' ids
     torn_bytes: int = 0                            # size of the torn last line cut away, 0 if none
     bad_lines: list = field(default_factory=list)  # complete lines that are no {"id": ...} object
+    settings: dict = field(default_factory=dict)   # canonical settings -> (first line, settings) of the lines
 
 
 def _scan(data: bytes) -> Recovered:
@@ -39,9 +43,20 @@ def _scan(data: bytes) -> Recovered:
             obj = None
         if isinstance(obj, dict) and "id" in obj:
             found.done.add(json.dumps(obj["id"], ensure_ascii=False))
+            if isinstance(obj.get("settings"), dict):   # lines written before settings were recorded have none
+                found.settings.setdefault(canonical(obj["settings"]), (n, obj["settings"]))
         elif raw.strip():
             found.bad_lines.append(n)
     return found
+
+
+def scan_file(path: str) -> Recovered:
+    """What an existing output file holds (nothing, when there is no such file); OSError when it
+    cannot be read."""
+    if not os.path.exists(path):
+        return Recovered()
+    with open(path, "rb") as f:
+        return _scan(f.read())
 
 
 def _sync_directory(path: str):

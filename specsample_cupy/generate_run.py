@@ -7,8 +7,8 @@ request's row takes the next request at once. It needs a fixed gamma and a metho
 numbers follow the request (not "baseline"): continuous_allowed() says why not.
 
 Static batching (Runner.run, --static): one generate() call per batch. Requests of one call share its
-max_new_tokens, temperature and seed, so a request joins only a batch of equal settings. In input
-order, each request joins the open batch of its settings; a batch runs as soon as it holds
+max_new_tokens and temperature, so a request joins only a batch of equal settings (each keeps its own
+seed: generate()'s seeds). In input order, each request joins the open batch of its settings; a batch runs as soon as it holds
 --batch-size requests; at the end of the input the partial batches run in the order their first
 requests came.
 """
@@ -29,10 +29,11 @@ def batches(requests: list[Request], batch_size: int):
     """The requests in batches of equal settings, by the module's rule."""
     open_batches = {}
     for request in requests:
-        batch = open_batches.setdefault(request.settings, [])
+        key = request.settings.batch_key
+        batch = open_batches.setdefault(key, [])
         batch.append(request)
         if len(batch) == batch_size:
-            yield open_batches.pop(request.settings)
+            yield open_batches.pop(key)
     yield from open_batches.values()
 
 
@@ -54,6 +55,7 @@ class DecodeOptions:
     stop: tuple = ()   # stop strings (generate(stop=...))
     truncation: dict = field(default_factory=dict)   # generate()'s top_k / top_p / min_p
     logprobs: bool = False   # each line also holds "logprobs", one per token (generate(logprobs=True))
+    settings: dict = field(default_factory=dict)   # the run's settings, in every line (generate_settings.py)
 
 
 class Runner:
@@ -85,7 +87,8 @@ class Runner:
                            **({} if logprobs is None else {"logprobs": logprobs}),
                            "finish_reason": reason, "new_tokens": len(ids), **counts,
                            "latency_s": latency_s, "batch_size": batch_size,
-                           "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed})
+                           "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed,
+                           "seed_from": s.seed_from, **({"settings": self.options.settings} if self.options.settings else {})})
         self.written += 1
         self.tokens += len(ids)
         self.proposed += counts["proposed"]
@@ -119,7 +122,7 @@ class Runner:
         try:
             out = self.decoder.generate([r.prompt for r in batch], max_new_tokens=s.max_new_tokens,
                                         gamma=self.options.gamma, method=self.options.method,
-                                        temperature=s.temperature, seed=s.seed,
+                                        temperature=s.temperature, seeds=[r.settings.seed for r in batch],
                                         adaptive_gamma=self.options.adaptive_gamma, on_round=on_round,
                                         stop=self.options.stop, logprobs=logprobs, **self.options.truncation)
         except ValueError as exc:   # the decoder refused the batch: report what it did not write (a re-run retries it)

@@ -70,8 +70,9 @@ def test_auto_gamma_remembers_and_may_run_target_only(pair):
     dec = SpeculativeDecoder(*pair, device="cpu")
     kwargs = dict(max_new_tokens=20, gamma="auto", method="greedy")
     first = dec.generate(PROMPTS, **kwargs)
-    assert not first.stats["auto_target_only"] and first.stats["rounds"] < 20
-    memory = dec._auto_memory[("greedy", 1.0, len(PROMPTS))]
+    # It drafted (and may then have stopped: drafting the tiny pair on a CPU seldom pays).
+    assert not first.stats["auto_target_only"] and first.stats["proposed"] > 0
+    memory = dec._auto_memory[("greedy", 0.0, len(PROMPTS))]   # greedy decodes at 0
     assert memory["state"]["cost"][0] > 0 and memory["calls"] == 1   # the round times it fitted
     memory["target_only"] = True
     expected = dec.generate(PROMPTS, max_new_tokens=20, method="target", temperature=0).token_ids
@@ -140,12 +141,12 @@ def test_auto_gamma_follows_acceptance_and_cost():
         everything.observe(_round(everything.gamma, [everything.gamma] * 2))   # every draft accepted
     assert everything.next_gamma() == 12 and everything.alpha.min() > 0.95
     cheap = AutoGamma(4, 1, 12, cost=lambda g: 1.0 + 0.05 * np.asarray(g, float))
-    dear = AutoGamma(4, 1, 12, cost=lambda g: 1.0 + 0.8 * np.asarray(g, float))
+    dear = AutoGamma(4, 1, 12, cost=lambda g: 1.0 + 0.5 * np.asarray(g, float))   # (0.8: no faster than target steps)
     for _ in range(200):
         for policy in (cheap, dear):   # acceptance 0.8 per draft
             policy.observe(_round(policy.gamma, np.minimum(rng.geometric(0.2, 4) - 1, policy.gamma)))
     assert abs(cheap.alpha.mean() - 0.8) < 0.1 and abs(dear.alpha.mean() - 0.8) < 0.1
-    # argmax of (1 - 0.8^(g+1)) / 0.2 / cost(g): 8 for the cheap drafts, 1 for the dear ones
+    # argmax of (1 - 0.8^(g+1)) / 0.2 / cost(g): 8 for the cheap drafts, 2 for the dear ones
     assert 7 <= cheap.next_gamma() <= 12 and 1 <= dear.next_gamma() <= 3
     low = AutoGamma(4, 1, 12, cost=lambda g: 1.0 + 0.05 * np.asarray(g, float))
     for _ in range(40):
@@ -269,7 +270,7 @@ def test_auto_gamma_forgets_faster_for_greedy_than_for_sampling(decoder, monkeyp
     made = []
     real = decoder_module.make_policy
     monkeypatch.setattr(decoder_module, "make_policy", lambda *a, **kw: made.append(real(*a, **kw)) or made[-1])
-    for method, temperature in (("greedy", 1.0), ("exact", 0.0), ("sigmoid", 0.7), ("exact", 0.7)):
+    for method, temperature in (("greedy", None), ("exact", 0.0), ("sigmoid", 0.7), ("exact", 0.7)):
         decoder.generate(PROMPTS[:2], max_new_tokens=6, gamma="auto", method=method, temperature=temperature)
     assert [p.forget for p in made] == [FORGET_GREEDY, FORGET_GREEDY, FORGET_SAMPLED, FORGET_EXPECTED]
     assert [p.expected for p in made] == [False, False, False, True]

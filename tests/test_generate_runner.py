@@ -22,11 +22,13 @@ from specsample_cupy.cli_generate import generate  # noqa: E402
 from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
 from specsample_cupy.generate_input import Request, Settings  # noqa: E402
 from specsample_cupy.generate_run import batches  # noqa: E402
+from specsample_cupy.seeds import key_of_id, request_seed  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["the sea", "hello there", "a", "def f(x):", "rain", "so it goes"]
 LINE_FIELDS = {"id", "line", "text", "token_ids", "finish_reason", "new_tokens", "rounds", "proposed", "accepted",
-               "acceptance_rate", "latency_s", "batch_size", "max_new_tokens", "temperature", "seed"}
+               "acceptance_rate", "latency_s", "batch_size", "max_new_tokens", "temperature", "seed", "seed_from",
+               "settings"}
 
 
 def _models(pair):
@@ -80,8 +82,12 @@ def test_jsonl_input_matches_the_decoder_batch_by_batch(pair, reference, tmp_pat
     assert result.exit_code == 0, result.stderr
     lines = _by_id(_lines(tmp_path / "out.jsonl"))
     assert set(lines) == {"r0", "r1", "r2", "r3", 99}
-    # The four requests of the default settings are one generate() call; the overriding line its own.
-    main = reference.generate(PROMPTS[:4], max_new_tokens=10, gamma=3, seed=11)
+    # The four requests of the default settings are one generate() call, each with the seed derived from
+    # --seed and its id; the overriding line its own call, with its own seed.
+    seeds = [lines[f"r{i}"]["seed"] for i in range(4)]
+    assert seeds == [request_seed(11, key_of_id(f"r{i}")) for i in range(4)]
+    assert {lines[f"r{i}"]["seed_from"] for i in range(4)} == {"run"} and lines[99]["seed_from"] == "line"
+    main = reference.generate(PROMPTS[:4], max_new_tokens=10, gamma=3, seeds=seeds)
     for i in range(4):
         line = lines[f"r{i}"]
         assert line["token_ids"] == main.token_ids[i] and line["text"] == main.texts[i]
@@ -109,8 +115,9 @@ def test_jsonl_input_batched_continuously_matches_each_request_alone(pair, refer
     assert set(lines) == {o["id"] for o in objects}
     for o in objects:
         line = lines[o["id"]]
+        assert line["seed"] == o.get("seed", request_seed(11, key_of_id(o["id"])))
         alone = reference.generate([o["prompt"]], max_new_tokens=o["max_new_tokens"], gamma=3,
-                                   temperature=o.get("temperature", 0.8), seed=o.get("seed", 11))
+                                   temperature=o.get("temperature", 0.8), seed=line["seed"])
         assert (line["token_ids"], line["text"], line["finish_reason"]) == \
             (alone.token_ids[0], alone.texts[0], alone.finish_reasons[0])
         assert (line["proposed"], line["accepted"]) == (alone.stats["proposed"], alone.stats["accepted"])
@@ -138,11 +145,14 @@ def test_logprobs_lines_carry_one_per_token(pair, reference, tmp_path, static):
     plain = _by_id(_lines(tmp_path / "plain.jsonl"))   # no "logprobs" field without the option
     assert set(lines) == set(plain) == {o["id"] for o in objects}
     assert lines[99]["token_ids"] == lines[99]["logprobs"] == []
-    calls = [reference.generate(PROMPTS[i:i + 3], logprobs=True, **kw) for i in (0, 3)] if static else None
+    kw.pop("seed")   # each request's seed is on its line
+    seeds = [lines[f"r{i}"]["seed"] for i in range(len(PROMPTS))]
+    calls = [reference.generate(PROMPTS[i:i + 3], logprobs=True, seeds=seeds[i:i + 3], **kw) for i in (0, 3)] \
+        if static else None
     for i, p in enumerate(PROMPTS):
         line = lines[f"r{i}"]
         assert set(line) == LINE_FIELDS | {"logprobs"} and line["token_ids"] == plain[f"r{i}"]["token_ids"]
-        out, b = (calls[i // 3], i % 3) if static else (reference.generate([p], logprobs=True, **kw), 0)
+        out, b = (calls[i // 3], i % 3) if static else (reference.generate([p], logprobs=True, seed=seeds[i], **kw), 0)
         assert line["token_ids"] == out.token_ids[b] and len(line["logprobs"]) == len(line["token_ids"])
         np.testing.assert_allclose(line["logprobs"], out.logprobs[b], rtol=1e-5, atol=1e-5)
         assert line["latency_s"] > 0
@@ -156,7 +166,8 @@ def test_ray_workers_write_logprobs_too(pair, reference):
     worker = DecodeWorker(WorkerSetup("in", pair[0], pair[1], "cpu", 1, 4, options))
     settings = Settings(6, 0.8, 4)
     outcomes = worker.decode([Request(i, str(i), i, p, settings) for i, p in enumerate(PROMPTS[:3])])
-    out = reference.generate(PROMPTS[:3], max_new_tokens=6, gamma=3, temperature=0.8, seed=4, top_k=20, logprobs=True)
+    out = reference.generate(PROMPTS[:3], max_new_tokens=6, gamma=3, temperature=0.8, seeds=[4] * 3, top_k=20,
+                             logprobs=True)
     for o in outcomes:
         line = json.loads(o["result"])
         assert line["token_ids"] == out.token_ids[line["id"]]
@@ -183,7 +194,7 @@ def test_text_input_ids_are_line_numbers_and_resume_skips_them(pair, tmp_path):
     assert "2 written, 2 skipped as already done" in second.stderr
     lines = _by_id(_lines(out))
     assert sorted(lines) == [1, 3, 4, 5] and lines[4]["line"] == 4
-    again = _run(pair, source, out, "--max-new-tokens", "6")
+    again = _run(pair, source, out, "--max-new-tokens", "6", "--gamma", "auto")
     assert again.exit_code == 0 and "0 written, 4 skipped as already done" in again.stderr
     assert len(_lines(out)) == 4
 
@@ -322,7 +333,7 @@ def test_input_format_detection_and_line_numbers():
     mostly_json = b'{"id": "a", "prompt": "x"}\r\n\n{oops\n{"id": "b", "prompt": "y", "seed": 3}\n'
     requests, rejections, read_as = read_requests(mostly_json, "data.txt", "auto", defaults, "exact")
     assert read_as == "jsonl" and [(r.id, r.line, r.prompt) for r in requests] == [("a", 1, "x"), ("b", 4, "y")]
-    assert requests[1].settings == Settings(8, 1.0, 3) and [(r.line, r.reason) for r in rejections] == \
+    assert requests[1].settings == Settings(8, 1.0, 3, "line") and [(r.line, r.reason) for r in rejections] == \
         [(3, "not a JSON object")]
     text = b'def f():\n{"id": 1, "prompt": "x"}\n\n  return 1\n'
     requests, rejections, read_as = read_requests(text, "data.txt", "auto", defaults, "exact")

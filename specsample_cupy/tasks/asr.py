@@ -68,7 +68,7 @@ class WhisperSpeculativeDecoder(StepRecorder, SpeculativeDecoder):
         return log_mel_spectrogram(self.xp.asarray(audio), n_mels, xp=self.xp)[None]
 
     def transcribe(self, audio, *, method: str = "exact", gamma: int = 5, max_new_tokens: int = 128,
-                   temperature: float = 1.0, seed: int = 0):
+                   temperature: float | None = None, seed: int = 0):
         """Decode one 16 kHz waveform; returns GenerationOutput with stats["encoder_s"] added."""
         start = time.perf_counter()
         with self._on_stream():
