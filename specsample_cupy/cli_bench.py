@@ -4,6 +4,7 @@ import json
 import click
 
 from specsample_cupy.bench_decode import bench_decode
+from specsample_cupy.cli_paths import check_plot, check_writable, os_error
 
 
 def _ints(text):
@@ -31,6 +32,7 @@ def bench():
               help="cpu: NumPy inputs (the CPU reference and the NumPy baseline), wall and CPU time")
 def bench_verify(methods, warp_specs, vocab, gamma, batch, dtypes, reps, json_path, device):
     """Device and wall time per verify() call, bandwidth, speed-up over the baseline."""
+    check_writable(json_path, "--json")
     from rich.markup import escape   # method names like exact[top_p=0.9] are not markup
     from rich.table import Table
     from tqdm import tqdm
@@ -79,9 +81,28 @@ def _report(table, result, json_path):
     from rich.console import Console
     Console(width=160).print(table)
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=1)
+        try:
+            with open(json_path, "w") as f:
+                json.dump(result, f, indent=1)
+        except OSError as exc:
+            raise os_error(exc) from exc
         click.echo(f"wrote {json_path}")
 
 
-bench.add_command(bench_decode, name="decode")
+def _outputs_checked_first(command: click.Command, json_name: str, plot_name: str) -> click.Command:
+    """The command with its --json and --plot (parameter names) checked before it runs, and a file that
+    fails it as one line, not a traceback (bench_decode.py writes its files at the end)."""
+    def callback(**kwargs):
+        check_writable(kwargs.get(json_name), "--json")
+        check_plot(kwargs.get(plot_name))
+        try:
+            return command.callback(**kwargs)
+        except OSError as exc:
+            raise os_error(exc) from exc
+
+    return click.Command(command.name, context_settings=command.context_settings, callback=callback,
+                         params=command.params, help=command.help, epilog=command.epilog,
+                         short_help=command.short_help, options_metavar=command.options_metavar)
+
+
+bench.add_command(_outputs_checked_first(bench_decode, "json_path", "plot_path"), name="decode")

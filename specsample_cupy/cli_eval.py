@@ -11,6 +11,7 @@ relative change against `baseline`.
 import click
 
 from specsample_cupy.cli_decode import DraftOption
+from specsample_cupy.cli_paths import check_plot, check_writable, os_error
 from specsample_cupy.ngram import NGRAM, check_ngram_range
 from specsample_cupy.tasks.evaluation import ALL_METHODS, DEFAULT_METHODS, NGRAM_METHODS
 
@@ -55,10 +56,14 @@ def _common(func):
     return func
 
 
-def _settings(methods, gamma, temperature, seed, max_new_tokens, warmup, progress, draft, ngram_min, ngram_max):
-    """RunSettings from the options; every option problem is a usage error, before any model loads."""
+def _settings(methods, gamma, temperature, seed, max_new_tokens, warmup, progress, draft, ngram_min, ngram_max,
+              json_path=None, plot_path=None):
+    """RunSettings from the options; every option problem is a usage error, and an output path that
+    cannot be written an error, before any model loads."""
     from specsample_cupy.tasks.evaluation import RunSettings, check_ngram_methods, parse_methods
 
+    check_writable(json_path, "--json", make_parents=True)   # tasks/report.py creates missing folders
+    check_plot(plot_path, make_parents=True)
     try:   # checked whatever --draft is, as `specsample decode` does
         check_ngram_range(ngram_min, ngram_max)
     except ValueError as exc:
@@ -90,6 +95,8 @@ def _run(fn, *args, **kwargs):
         raise click.ClickException(str(exc)) from exc
     except (ValueError, RuntimeError) as exc:   # DataError is a ValueError
         raise click.ClickException(str(exc)) from exc
+    except OSError as exc:   # a report that could not be written after all (a full disk, say)
+        raise os_error(exc) from exc
 
 
 @click.group(name="eval", context_settings={"help_option_names": ["-h", "--help"]})
@@ -112,7 +119,7 @@ def asr(target, draft, ngram_min, ngram_max, methods, gamma, limit, temperature,
     from specsample_cupy.tasks.asr import run_asr
 
     settings = _settings(methods, gamma, temperature, seed, max_new_tokens, warmup, progress, draft,
-                         ngram_min, ngram_max)
+                         ngram_min, ngram_max, json_path, plot_path)
     _run(run_asr, target, draft, data, settings, device=device, limit=limit, language=language,
          task=asr_task, json_path=json_path, plot_path=plot_path, ngram_min=ngram_min, ngram_max=ngram_max)
 
@@ -130,6 +137,6 @@ def summarize(target, draft, ngram_min, ngram_max, methods, gamma, limit, temper
     from specsample_cupy.tasks.summarize import run_summarize
 
     settings = _settings(methods, gamma, temperature, seed, max_new_tokens, warmup, progress, draft,
-                         ngram_min, ngram_max)
+                         ngram_min, ngram_max, json_path, plot_path)
     _run(run_summarize, target, draft, data, settings, device=device, limit=limit, template=template,
          json_path=json_path, plot_path=plot_path, ngram_min=ngram_min, ngram_max=ngram_max)

@@ -8,6 +8,7 @@ and removed in its folder.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 
@@ -63,6 +64,16 @@ def check_writable(path: str | None, option: str, make_parents: bool = False) ->
     why = why_not_writable(path, make_parents)
     if why is not None:
         raise OutputPathError(f"{option} {path}: cannot write it: {why}")
+
+
+def check_plot(path: str | None, option: str = "--plot", make_parents: bool = False) -> None:
+    """check_writable, and matplotlib importable (a plot is drawn after the work: found missing
+    then, the run's figures would be lost to an ImportError)."""
+    if path is None:
+        return
+    check_writable(path, option, make_parents)
+    if importlib.util.find_spec("matplotlib") is None:
+        raise OutputPathError(f"{option} needs matplotlib: pip install matplotlib")
 
 
 def os_error(exc: OSError) -> click.ClickException:
