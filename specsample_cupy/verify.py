@@ -114,7 +114,7 @@ def _float_dtype_name(arr, arg, logits_dtype):
     if logits_dtype == "bfloat16" and name == "uint16":
         return "bfloat16"
     if name not in FLOAT_DTYPES:
-        raise TypeError(f"{arg} must be float32, float16 or bfloat16, got {arr.dtype}")
+        raise TypeError(f"{arg} must be float32, float16 or bfloat16 (float64 is converted), got {arr.dtype}")
     return name
 
 
@@ -176,7 +176,8 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
 
     Args:
         draft_tokens: [B, gamma] int32/int64, the draft's proposals.
-        draft_logits: [B, gamma, V] float32/float16/bfloat16, the draft's logits at those positions;
+        draft_logits: [B, gamma, V] float32/float16/bfloat16, the draft's logits at those positions
+            (float64 is converted to float32: a copy, the kernels compute in float32);
             or None for a deterministic drafter (e.g. n-gram lookup): the draft distribution is
             one-hot at the proposed token, so x_i is accepted iff u_i <= p_i(x_i), a rejection
             at n samples p_n without x_n (renormalised), and only the gamma + 1 target rows are
@@ -191,7 +192,8 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
             captured CUDA graph can be replayed with new values; call verify() once with the same
             shapes on the same stream before capturing, so its launch plan and workspace exist).
             Use a new offset every step. Request b draws at Philox request word b, so its numbers
-            depend on its row (see streams).
+            depend on its row (see streams). seed=None: a seed drawn from the operating system (each
+            call: not reproducible).
         streams: None, or per-request random streams: a [B, 2] int64 array of the logits' module,
             streams[b] = (seed_b, offset_b). Request b then draws exactly the numbers that a call
             with one request (row 0), seed=seed_b and offset=offset_b draws (Philox key seed_b,
@@ -285,6 +287,12 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
     if method == "sigmoid-paper":
         method, sigmoid_variant = "sigmoid", "paper"
     onehot = draft_logits is None
+    # float64 logits (NumPy's default) are taken as float32, what the kernels and the reference compute in.
+    draft_logits, target_logits = (a.astype(np.float32) if a is not None and a.dtype == np.float64 else a
+                                   for a in (draft_logits, target_logits))
+    if seed is None:
+        from specsample_cupy.seeds import random_base_seed
+        seed = random_base_seed()
     if onehot and method not in ONEHOT_METHODS:
         raise ValueError(f"draft_logits=None (one-hot drafts) works with methods {ONEHOT_METHODS}, not {method!r}")
     xp = _module(draft_tokens, target_logits) if onehot else _module(draft_tokens, draft_logits, target_logits)

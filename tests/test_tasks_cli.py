@@ -150,9 +150,13 @@ def _run_summarize(text_pair, tmp_path, device):
     assert "ROUGE-1" in out and "skipped 2 item(s)" in out
     report = json.loads((tmp_path / "sum.json").read_text())
     _check_report(report, methods, ["rouge1", "rouge2", "rougeL"])
-    assert report["references_from_target_output"] == 1
-    kinds = [i["reference_kind"] for i in report["items"]["exact"]]
-    assert kinds == ["summary", "target_output"]
+    # ROUGE is over the item with a reference only; the other is decoded and counted, not scored.
+    assert (report["items_with_reference"], report["items_without_reference"]) == (1, 1)
+    items = report["items"]["exact"]
+    assert [i["reference"] for i in items] == ["A cat sat.", None]
+    assert "rouge1" in items[0] and "rouge1" not in items[1]
+    assert report["summary"]["exact"]["rouge1"] == items[0]["rouge1"]
+    assert report["summary"]["exact"]["rouge_items"] == 1 and "1 of 2 items" in out
     assert all("\n\n" not in i["prediction"] for i in report["items"]["exact"])
     assert report["template"] == "Article: {article}\\nTL;DR:"
     return report

@@ -187,7 +187,7 @@ def _ok(B=2, G=3, V=8):
     (lambda t, d, p: (t[:, :2], d, p), ValueError, "draft_logits shape"),
     (lambda t, d, p: (t, d, p[:, :3]), ValueError, "target_logits shape"),
     (lambda t, d, p: (t, d[..., :7], p), ValueError, "vocabulary sizes differ"),
-    (lambda t, d, p: (t, d, p.astype(np.float64)), TypeError, "target_logits must be float32"),
+    (lambda t, d, p: (t, d, p.astype(np.int32)), TypeError, "target_logits must be float32"),
     (lambda t, d, p: (t, d.astype(np.float16), p), TypeError, "same dtype"),
     (lambda t, d, p: (t.astype(np.float32), d, p), TypeError, "draft_tokens must be an integer"),
     (lambda t, d, p: (t[0], d, p), ValueError, r"draft_tokens must be \[B, gamma\]"),
@@ -195,6 +195,12 @@ def _ok(B=2, G=3, V=8):
 def test_bad_shapes_and_dtypes_name_the_argument(mutate, exc, words):
     with pytest.raises(exc, match=words):
         verify(*mutate(*_ok()))
+
+
+def test_float64_logits_are_taken_as_float32():
+    t, d, p = _ok()
+    wide = verify(t, d.astype(np.float64), p.astype(np.float64), seed=3)
+    assert wide.tokens.tolist() == verify(t, d, p, seed=3).tokens.tolist()
 
 
 def test_token_ids_out_of_range_name_the_request():

@@ -94,6 +94,8 @@ def render_table(task: str, summaries: dict[str, dict], *, reference: str = "bas
     for key, _ in acc:
         table.add_column({"wer": "WER %", "rouge1": "ROUGE-1", "rouge2": "ROUGE-2",
                           "rougeL": "ROUGE-L"}[key], justify="right")
+    if task == "summarize":   # ROUGE is over the items with a reference summary only
+        table.add_column("ROUGE over", justify="right")
     for col in ("acc./round", "accept rate", "verify ms/step", "verify total s",
                 "end-to-end s", f"Δ verify/step vs {reference}", f"Δ {_acc_label(acc[0][0])} vs {reference}"):
         table.add_column(col, justify="right")
@@ -103,6 +105,8 @@ def render_table(task: str, summaries: dict[str, dict], *, reference: str = "bas
         acc_cells = [_fmt(s.get(k), 100 if k == "wer" else 1, 2 if k == "wer" else 4)
                      for k, _ in acc]
         main_key = acc[0][0]
+        if task == "summarize":
+            acc_cells.append(f"{s.get('rouge_items', s['items'])} of {s['items']} items")
         table.add_row(name, *acc_cells,
                       _fmt(s.get("mean_accepted_per_round"), digits=2),
                       _fmt(s.get("acceptance_rate"), digits=3),
