@@ -34,7 +34,8 @@ def stats_table(stats: dict) -> str:
     rows = [(key, "-" if stats[key] is None else fmt.format(stats[key]))
             for key, fmt in STATS_SHOWN if key in stats]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v:>12}" for k, v in rows)
+    values = max(12, *(len(v) for _, v in rows))   # a 63-bit seed is 19 digits
+    return "\n".join(f"{k:<{width}}  {v:>{values}}" for k, v in rows)
 
 
 def resolve_device(device: str | None) -> str:

@@ -1,7 +1,7 @@
 """End-to-end exactness of speculative sampling: the tokens it generates follow the target's distribution.
 
-A batch of N copies of one prompt gives N independent draws (the random numbers are keyed by request
-index). The first two generated tokens are compared with the target's exact probabilities
+A batch of N copies of one prompt gives N independent draws (each request draws from its own random
+stream, specsample_cupy/seeds.py). The first two generated tokens are compared with the target's exact probabilities
 p(t1 | prompt) * p(t2 | prompt, t1), computed by a separate ONNX runner, with a chi-squared test.
 Threshold: p-value >= 1e-4 (the seed is fixed, so the test is deterministic; an exact sampler fails
 it with probability 1e-4, a biased one with N = 20,000 draws almost surely).
@@ -69,9 +69,9 @@ def _chi_square_p_value(token_ids, cells):
 
 
 @pytest.mark.parametrize("method,gamma,temperature", [
-    ("exact", 3, 1.0),
-    ("exact", 2, 0.6),
-    ("baseline", 3, 1.0),
+    pytest.param("exact", 3, 1.0, marks=pytest.mark.slow),   # 20,000 draws: 5-7 s each on 2 cores
+    pytest.param("exact", 2, 0.6, marks=pytest.mark.slow),
+    pytest.param("baseline", 3, 1.0, marks=pytest.mark.slow),
     ("target", 0, 1.0),
 ])
 def test_first_two_tokens_follow_the_target_distribution(decoder, pair, method, gamma, temperature):
@@ -86,6 +86,7 @@ def test_first_two_tokens_follow_the_target_distribution(decoder, pair, method, 
     assert p_value >= P_VALUE_THRESHOLD, f"{method}: chi-squared p-value {p_value:.2e}"
 
 
+@pytest.mark.slow
 def test_sampling_detects_a_wrong_distribution(decoder, pair):
     """The test has power: draws at temperature 1.0 are rejected against probabilities at 0.8."""
     prompt_ids = decoder.target_spec.encode(PROMPT)

@@ -151,6 +151,7 @@ def _crashing_once(marker: str):
     return CrashingOnce
 
 
+@pytest.mark.slow   # a worker restarted by Ray: 3-4 s each on 2 cores
 @pytest.mark.parametrize("static", [False, True], ids=["continuous", "static"])
 def test_a_worker_that_dies_mid_run_is_replaced_and_every_id_written_once(pair, tmp_path, static):
     settings = Settings(8, 0.0, 0)

@@ -157,7 +157,7 @@ def test_seed_random_draws_a_base_and_records_it(dec, tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
     base = lines[0]["settings"]["seed"]
     assert f"base seed {base}" in first.stderr and lines[0]["settings"]["seed_origin"] == "random"
-    assert [line["seed"] for line in lines] == [request_seed(base, key_of_id(i)) for i in (1, 2)]
+    assert {line["id"]: line["seed"] for line in lines} == {i: request_seed(base, key_of_id(i)) for i in (1, 2)}
     # A resume with --seed random takes the file's base seed: the same command resumes.
     source.write_text("x\nx\nx\n")
     resumed = split_runner().invoke(generate, args + ["--output", str(tmp_path / "a.jsonl")])

@@ -33,6 +33,7 @@ def test_mel_filters_match_librosa(n_mels):
     np.testing.assert_allclose(ours, ref, atol=1e-7, rtol=1e-5)
 
 
+@pytest.mark.slow   # librosa's first import compiles with numba: 10-50 s on a fresh 2-core machine
 def test_stft_power_matches_librosa_and_direct_dft():
     librosa = pytest.importorskip("librosa")
     x = _speech()[:16000].astype(np.float64)

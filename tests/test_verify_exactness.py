@@ -35,10 +35,10 @@ def run_case(verify_fn, *, V, G, temperature, ragged, seed, closeness=0.5):
 
 @pytest.mark.parametrize("method", ["exact", "baseline"])
 @pytest.mark.parametrize("temperature, ragged, V, G", [
-    (1.0, False, 12, 3),
-    (0.7, False, 16, 5),
-    (1.0, True, 9, 4),
-    (0.7, True, 16, 2),
+    pytest.param(1.0, False, 12, 3, marks=pytest.mark.slow),   # 5-10 s each on a 2-core machine
+    pytest.param(0.7, False, 16, 5, marks=pytest.mark.slow),
+    pytest.param(1.0, True, 9, 4, marks=pytest.mark.slow),
+    (0.7, True, 16, 2),   # the quick subset's case: ragged, temperature != 1
 ])
 def test_first_token_follows_target(method, temperature, ragged, V, G):
     fn = lambda *a, **k: verify(*a, method=method, **k)
@@ -48,6 +48,7 @@ def test_first_token_follows_target(method, temperature, ragged, V, G):
     assert 0 < acc.mean() < G, "draft != target: some drafts accepted and some rejected"
 
 
+@pytest.mark.slow
 def test_probabilities_input_is_exact():
     def fn(tokens, draft, target, **k):
         t = k.pop("temperature")
@@ -57,6 +58,7 @@ def test_probabilities_input_is_exact():
     assert pvalue >= P_MIN
 
 
+@pytest.mark.slow
 def test_sigmoid_is_not_exact_and_its_distance_is_measured():
     """The paper's sigmoid replaces softmax: detectable bias, reported as total variation."""
     pvalue, res = run_case(lambda *a, **k: verify(*a, method="sigmoid", **k),

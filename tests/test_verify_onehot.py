@@ -24,8 +24,9 @@ def _host(a):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("proposal", ["argmax", "unlikely", "mixed"])
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("proposal", [pytest.param("argmax", marks=pytest.mark.slow),   # ~4 s each on 2 cores
+                                      pytest.param("unlikely", marks=pytest.mark.slow), "mixed"])
+@pytest.mark.parametrize("temperature", [1.0, pytest.param(0.7, marks=pytest.mark.slow)])
 def test_first_token_follows_the_target(backend, proposal, temperature):
     """Whatever the drafter proposes, the first emitted token is distributed as softmax(p_0 / T)."""
     xp = _xp(backend)
