@@ -27,8 +27,8 @@ def resolve_temperature(method: str, temperature, what: str = "temperature") -> 
             or temperature < 0:
         raise ValueError(f"{what} must be finite and >= 0, got {temperature!r}")
     if method == "greedy" and temperature != 0:
-        raise ValueError(f"method 'greedy' takes the target's argmax: {what} must be 0 (or left out), got {temperature} "
-                         "(sample with method 'exact' instead)")
+        raise ValueError(f"method 'greedy' takes the target's argmax: {what} must be 0 (or left out), "
+                         f"got {temperature} (sample with method 'exact' instead)")
     if method in SAMPLING_ONLY and temperature == 0:
         raise ValueError(f"method {method!r} needs temperature > 0; use method='greedy'")
     return float(temperature)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import click
 
-from specsample_cupy.call_args import METHODS, resolve_temperature
+from specsample_cupy.call_args import METHODS
+from specsample_cupy.cli_options import GammaType, SeedType, checked_temperature
 from specsample_cupy.ngram import NGRAM
 from specsample_cupy.stop_strings import cut_text
 from specsample_cupy.verify import ONEHOT_METHODS
@@ -59,48 +60,6 @@ class DraftOption(click.ParamType):
         if value == NGRAM:
             return value
         return click.Path(exists=True, file_okay=False).convert(value, param, ctx)
-
-
-class GammaType(click.ParamType):
-    """An int >= 0 or "auto" (generate()'s automatic gamma)."""
-    name = "N|auto"
-
-    def convert(self, value, param, ctx):
-        if value == "auto" or isinstance(value, int) and value >= 0:
-            return value
-        try:
-            gamma = int(value)
-        except ValueError:
-            gamma = -1
-        if gamma < 0:
-            self.fail(f"{value!r} is neither an integer >= 0 nor 'auto'", param, ctx)
-        return gamma
-
-
-RANDOM_SEED = "random"
-
-
-class SeedType(click.ParamType):
-    """An int, or "random": None, a base seed the decoder draws from the operating system (and reports)."""
-    name = "INT|random"
-
-    def convert(self, value, param, ctx):
-        if value is None or value == RANDOM_SEED or isinstance(value, int) and not isinstance(value, bool):
-            return None if value == RANDOM_SEED else value
-        try:
-            return int(value)
-        except ValueError:
-            self.fail(f"{value!r} is neither an integer nor 'random'", param, ctx)
-
-
-def checked_temperature(method: str, temperature) -> float:
-    """--temperature as the decoder takes it (generate()'s rule: left out, 1, or 0 for --method greedy,
-    which takes no other value), or a usage error."""
-    try:
-        return resolve_temperature(method, temperature, "--temperature")
-    except ValueError as exc:
-        hint = " or --method greedy" if temperature == 0 else ""
-        raise click.BadParameter(f"{exc}{hint}", param_hint="--temperature") from None
 
 
 DRAFT_HELP = ("Draft model directory (default: the embedded stdlib-code draft), or 'ngram': drafts by prompt "

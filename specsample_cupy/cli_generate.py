@@ -19,8 +19,8 @@ import time
 
 import click
 
-from specsample_cupy.cli_decode import (CONTEXT_SETTINGS, GammaType, Prompt, checked_temperature, decode, encode_all,
-                                        load_decoder, resolve_device)
+from specsample_cupy.cli_decode import CONTEXT_SETTINGS, Prompt, decode, encode_all, load_decoder, resolve_device
+from specsample_cupy.cli_options import GammaType, checked_temperature
 from specsample_cupy.cli_paths import check_writable
 from specsample_cupy.generate_input import FORMATS, Settings, read_requests
 from specsample_cupy.generate_output import OutputBusy, Recovered, ResultWriter, scan_file

@@ -278,8 +278,8 @@ class _Run:
         text, ids = self.assembler.text(b), req.generated(b)
         if self.stopper is not None and self.stopper.matched[b]:
             text, ids = self.stopper.cut_row(ids)
-        stats = {"new_tokens": len(ids), **self.tally.fields(b), "latency_s": float(time.perf_counter() - self.admitted[b]),
-                 "seed": self.requests[self.rows[b]].seed}
+        stats = {"new_tokens": len(ids), **self.tally.fields(b),
+                 "latency_s": float(time.perf_counter() - self.admitted[b]), "seed": self.requests[self.rows[b]].seed}
         logprobs = self.loop.logprobs[b][:len(ids)] if self.logprobs else None   # cut as the ids are
         return FinishedRequest(self.rows[b], text, ids, req.finish_reason(b), stats, logprobs)
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from specsample_cupy import decode_device, decode_stats
-from specsample_cupy.call_args import METHODS, check_call, check_truncation, resolve_temperature, token_id_prompts
+from specsample_cupy.call_args import METHODS  # noqa: F401  (decoder.METHODS, where it always was)
+from specsample_cupy.call_args import check_call, check_truncation, resolve_temperature, token_id_prompts
 from specsample_cupy.decode_host import HostRounds, RequestStreams
 from specsample_cupy.decoder_device import graph_refusals as _graph_refusals, pick_device as _pick_device
 from specsample_cupy.decode_stats import Clock, Totals, timed_runs
@@ -345,7 +346,8 @@ class SpeculativeDecoder:
         `requests`); its .stats counts the call's rounds and refills so far, and says which loop ran
         ("loop": "device" on CUDA with CUDA graphs, as generate(), else "host"). Each request gets the
         tokens generate([prompt], max_new_tokens, gamma, method, temperature, seed=its seed, ...) gives
-        it alone (its seed: FinishedRequest.stats["seed"]) (up to float near-ties of batched model runs): its random numbers are its own
+        it alone (its seed: FinishedRequest.stats["seed"]) (up to float near-ties of batched model runs): its
+        random numbers are its own
         (verify()'s streams). Arguments are checked at the call; the decoder is busy (RuntimeError
         for another call) until the iterator is exhausted or closed.
 

@@ -8,9 +8,9 @@ numbers follow the request (not "baseline"): continuous_allowed() says why not.
 
 Static batching (Runner.run, --static): one generate() call per batch. Requests of one call share its
 max_new_tokens and temperature, so a request joins only a batch of equal settings (each keeps its own
-seed: generate()'s seeds). In input order, each request joins the open batch of its settings; a batch runs as soon as it holds
---batch-size requests; at the end of the input the partial batches run in the order their first
-requests came.
+seed: generate()'s seeds). In input order, each request joins the open batch of its settings; a batch
+runs as soon as it holds --batch-size requests; at the end of the input the partial batches run in the
+order their first requests came.
 """
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ class Runner:
                            "finish_reason": reason, "new_tokens": len(ids), **counts,
                            "latency_s": latency_s, "batch_size": batch_size,
                            "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "seed": s.seed,
-                           "seed_from": s.seed_from, **({"settings": self.options.settings} if self.options.settings else {})})
+                           "seed_from": s.seed_from,
+                           **({"settings": self.options.settings} if self.options.settings else {})})
         self.written += 1
         self.tokens += len(ids)
         self.proposed += counts["proposed"]

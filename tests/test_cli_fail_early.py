@@ -2,8 +2,8 @@
 `generate`, `bench decode`, `bench verify` and `eval` in well under a second, before any model loads,
 with one line on stderr and a non-zero exit; a write that fails at the end is one line too, never a
 traceback. The bench commands run under `specsample` itself (click caches a command's help option
-from the first context it meets). Paths under /proc stand for unwritable ones: the tests run as root, for whom a read-only
-folder's permission bits are no obstacle."""
+from the first context it meets). Paths under /proc stand for unwritable ones: CI runs as root, for
+whom a read-only folder's permission bits are no obstacle."""
 import json
 import time
 
@@ -66,7 +66,8 @@ def test_generate_output(pair, tmp_path, no_loading, path):
 @pytest.mark.parametrize("option", ["--json", "--plot"])
 @pytest.mark.parametrize("path", UNWRITABLE[:2])
 def test_bench_decode_outputs(pair, no_loading, option, path):
-    line = _fails_fast(main, ["bench", "decode", "--target", pair[0], "--draft", pair[1], "--device", "cpu", option, path])
+    line = _fails_fast(main, ["bench", "decode", "--target", pair[0], "--draft", pair[1], "--device", "cpu",
+                              option, path])
     assert line.startswith(f"Error: {option} {path}: cannot write it")
 
 
