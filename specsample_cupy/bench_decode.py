@@ -106,8 +106,10 @@ def measure(decoder, prompts_of, method, gamma, *, temperature, seeds, max_new_t
     return runs
 
 
-def rows_against_target(target_runs, configs):
-    """One row per configuration: speed-up (measured, per seed), ideal, efficiency; medians and ranges."""
+def rows_against_target(target_runs, configs, cuda_events: bool = True):
+    """One row per configuration: speed-up (measured, per seed), ideal, efficiency; medians and ranges.
+    cuda_events False (the CPU): the ideal, efficiency and the events' cost are None, as they need
+    device times that do not overlap the host's."""
     by_seed = {r["seed"]: r for r in target_runs}
     rows = []
     for (method, gamma), runs in configs:
@@ -115,13 +117,15 @@ def rows_against_target(target_runs, configs):
         ideal = [by_seed[r["seed"]]["model_s"] / (r["model_s"] + r["verify_s"]) for r in runs]
         efficiency = [m / i for m, i in zip(measured, ideal)]
         rows.append({
-            "method": method, "gamma": gamma, "speedup": _summary(measured), "ideal": _summary(ideal),
-            "efficiency": _summary(efficiency),
+            "method": method, "gamma": gamma, "speedup": _summary(measured),
+            "ideal": _summary(ideal) if cuda_events else None,
+            "efficiency": _summary(efficiency) if cuda_events else None,
             "ms_per_token": _summary([1e3 * r["wall_s"] / r["tokens_per_request"] for r in runs]),
             "acceptance_rate": statistics.median(r["acceptance_rate"] for r in runs),
             "mean_gamma": statistics.median(r["mean_gamma"] for r in runs),
             "overhead_per_round_us": statistics.median(1e6 * r["overhead_per_round_s"] for r in runs),
-            "events_per_round_us": statistics.median(1e6 * r["events_per_round_s"] for r in runs),
+            "events_per_round_us": statistics.median(1e6 * r["events_per_round_s"] for r in runs)
+            if cuda_events else None,
             "loop": runs[0]["loop"], "runs": runs})
     return rows
 
@@ -145,7 +149,13 @@ def run_bench(decoder, prompts_of, *, methods, gammas, temperature, seeds, max_n
         for r in runs:
             r["tokens_per_request"] = max_new_tokens
         measured.append(((method, gamma), runs))
-    return rows_against_target(measured[0][1], measured)
+    return rows_against_target(measured[0][1], measured, cuda_events=decoder.device == "cuda")
+
+
+def _cell(value, fmt, median=True):
+    if value is None:
+        return "n/a"
+    return fmt.format(value["median"] if median else value)
 
 
 def results_table(rows) -> str:
@@ -154,9 +164,9 @@ def results_table(rows) -> str:
     cells = [head] + [(
         r["method"], str(r["gamma"]),
         f"{r['speedup']['median']:.2f}x [{r['speedup']['min']:.2f}-{r['speedup']['max']:.2f}]",
-        f"{r['ideal']['median']:.2f}x", f"{r['efficiency']['median']:.3f}", f"{r['ms_per_token']['median']:.3f}",
+        _cell(r["ideal"], "{:.2f}x"), _cell(r["efficiency"], "{:.3f}"), f"{r['ms_per_token']['median']:.3f}",
         f"{r['acceptance_rate']:.3f}", f"{r['mean_gamma']:.2f}", f"{r['overhead_per_round_us']:.1f}",
-        f"{r['events_per_round_us']:.1f}") for r in rows]
+        _cell(r["events_per_round_us"], "{:.1f}", median=False)) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
 
@@ -175,7 +185,9 @@ def plot(report: dict, path: str):
             med = [r["speedup"]["median"] for r in rows]
             err = [[m - r["speedup"]["min"] for m, r in zip(med, rows)], [r["speedup"]["max"] - m for m, r in zip(med, rows)]]
             line = ax.errorbar(g, med, yerr=err, marker="o", capsize=3, label=f"{method} measured")
-            ax.plot(g, [r["ideal"]["median"] for r in rows], ls="--", color=line[0].get_color(), label=f"{method} ideal")
+            if rows and rows[0]["ideal"] is not None:   # CUDA events: none on the CPU
+                ax.plot(g, [r["ideal"]["median"] for r in rows], ls="--", color=line[0].get_color(),
+                        label=f"{method} ideal")
             auto = [r for r in run["rows"] if r["method"] == method and r["gamma"] == "auto"]
             if auto:
                 ax.axhline(auto[0]["speedup"]["median"], ls=":", color=line[0].get_color(), label=f"{method} auto γ")
