@@ -17,6 +17,12 @@ Auto gamma runs as the benchmark runs it: a warm-up call per seed, then the meas
 decoder (what a call keeps for the next applies). Costs are the table's, not measured.
 
     python3 benchmarks/auto_gamma_sim.py --method greedy [--seeds 5] [--lag 1]
+
+Synthetic replays (tests/test_gamma_policy_target_only.py): synthetic_call() decodes one call with
+rounds whose costs are a function of gamma (0: a target step) and whose acceptance is drawn per
+draft at a fixed probability, handing the policy each round's time as a loop does (lag: rounds
+read late, as the device loop), and decoder_calls() runs calls as generate() does (what a call
+keeps for the next, target-only calls when the last preferred them, REPROBE). No decoder needed.
 """
 import argparse
 import json
@@ -27,13 +33,11 @@ import numpy as np
 
 import specsample_cupy.decoder as decoder_module
 from specsample_cupy import gamma_policy
-from specsample_cupy.bench_decode import DEFAULT_PROMPTS
 from specsample_cupy.decode_stats import Round
 from specsample_cupy.decoder import SpeculativeDecoder
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PAIRS, BATCHES, N, CAP = ("cost-1.5b", "cost-7b", "embedded"), (1, 4), 128, 12
-PROMPTS = list(DEFAULT_PROMPTS[:max(BATCHES)])
 
 
 class TableCost:
@@ -65,14 +69,21 @@ def cost_table(pair: str, batch: int, method: str) -> dict:
     return {g: float(np.interp(g, known, [per[k] for k in known])) for g in range(CAP + 1)}
 
 
+def benchmark_prompts() -> list[str]:
+    """The benchmark's prompts (imported here: the synthetic replays need no benchmark)."""
+    from specsample_cupy.bench_decode import DEFAULT_PROMPTS
+    return list(DEFAULT_PROMPTS[:max(BATCHES)])
+
+
 def prompts_of(batch: int, seed: int) -> list[str]:
-    return [PROMPTS[(seed * batch + i) % len(PROMPTS)] for i in range(batch)]
+    prompts = benchmark_prompts()
+    return [prompts[(seed * batch + i) % len(prompts)] for i in range(batch)]
 
 
 def agreement_runs(dec) -> dict:
     """Per prompt, A(t) for t < N: the draft's greedy run of agreement with the target's tokens."""
     runs = {}
-    for prompt in PROMPTS:
+    for prompt in benchmark_prompts():
         ids = dec.target_spec.encode(prompt)
         full = dec.generate([ids], max_new_tokens=N + CAP + 1, gamma=0, method="greedy", ignore_eos=True).token_ids[0]
         runs[prompt] = []
@@ -85,19 +96,78 @@ def agreement_runs(dec) -> dict:
 
 
 def replay(runs, batch_prompts, policy, table, lag: int) -> float:
-    """Seconds of one greedy call under `policy`; the policy sees each round `lag` rounds late."""
+    """Seconds of one greedy call under `policy`; the policy sees each round `lag` rounds late, with
+    its time (the table's)."""
     t, total, unread = np.zeros(len(batch_prompts), int), 0.0, []
+    policy.begin(N, probe_steps=1 if lag else 2)
     while (t < N).any():
         gamma = policy.next_gamma()
         live = t < N
         drafts = np.where(live, np.minimum(gamma, N - t - 1), 0)
         accepted = np.array([min(d, runs[p][k]) if a else 0 for p, k, d, a in zip(batch_prompts, t, drafts, live)])
-        total += table[int(drafts.max())]
-        unread.append(Round(live, drafts, accepted, np.where(live, accepted + 1, 0), int(drafts.max())))
+        seconds = table[int(drafts.max())]
+        total += seconds
+        unread.append((Round(live, drafts, accepted, np.where(live, accepted + 1, 0), int(drafts.max())), seconds))
         t = t + np.where(live, accepted + 1, 0)
         if len(unread) > lag:
-            policy.observe(unread.pop(0))
+            policy.observe(*unread.pop(0))
+    while unread:
+        policy.observe(*unread.pop(0))
     return total
+
+
+def synthetic_call(policy, cost, alpha, n: int = N, batch: int = 1, lag: int = 0, seed: int = 0,
+                   jitter: float = 0.0) -> tuple[float, list[int]]:
+    """(seconds, the rounds' gammas) of one call generating n tokens per request under `policy`: a round
+    of g drafts costs cost(g) seconds (g = 0: a target step) times a log-normal factor of sigma
+    `jitter`; request b accepts each draft with probability alpha (a float, or [batch]) until its
+    first rejection; rows near their budget draft fewer (Requests.draft_lengths). The policy gets each
+    round and its time `lag` rounds late and every round before the call returns: lag 0 is the host
+    loop (a round runs its longest proposal's drafts, and says so: observe()'s `ran`), 1-2 the
+    device loop (a round of g runs g draft runs whatever the rows propose)."""
+    rng = np.random.default_rng(seed)
+    alpha = np.broadcast_to(np.asarray(alpha, np.float64), (batch,))
+    t, total, unread, gammas = np.zeros(batch, np.int64), 0.0, [], []
+    policy.begin(n, probe_steps=1 if lag else 2)
+    while (t < n).any():
+        gamma = policy.next_gamma()
+        gammas.append(gamma)
+        live = t < n
+        drafts = np.where(live, np.minimum(gamma, n - t - 1), 0)
+        accepted = np.zeros(batch, np.int64)
+        for b in np.flatnonzero(drafts).tolist():
+            while accepted[b] < drafts[b] and rng.random() < alpha[b]:
+                accepted[b] += 1
+        taken = np.where(live, np.minimum(accepted + 1, n - t), 0)
+        ran = int(drafts.max()) if lag == 0 else gamma
+        seconds = float(cost(ran)) * float(np.exp(jitter * rng.standard_normal()))
+        total += seconds
+        unread.append((Round(live, drafts, accepted, taken, gamma), seconds, ran if lag == 0 else None))
+        t = t + taken
+        if len(unread) > lag:
+            policy.observe(*unread.pop(0))
+    while unread:
+        policy.observe(*unread.pop(0))
+    return total, gammas
+
+
+def decoder_calls(make_policy, call, calls: int, target_only_seconds: float) -> list[tuple[float, list[int]]]:
+    """(seconds, gammas) of `calls` automatic-gamma calls of one kind as generate() runs them: each call
+    starts from what the last kept (make_policy(): a fresh policy; state() / load(), then choose()),
+    and runs target-only (target_only_seconds, gammas [0]) when the last preferred it, bar every
+    REPROBE-th call. call(k, policy) -> (seconds, gammas) runs call k."""
+    state, target_only, out = None, False, []
+    for k in range(calls):
+        if target_only and (k + 1) % gamma_policy.REPROBE:
+            out.append((target_only_seconds, [0]))
+            continue
+        policy = make_policy()
+        if state is not None:
+            policy.load(state)
+            policy.choose()
+        out.append(call(k, policy))
+        state, target_only = policy.state(), policy.prefers_target_only()
+    return out
 
 
 class IdsDecoder(SpeculativeDecoder):
@@ -137,6 +207,18 @@ def greedy_rows(seeds: int, lag: int):
             yield pair, batch, calls
 
 
+def table_timed(policy, table):
+    """`policy`, told each round's time from the table (the round's gamma as it ran) in place of the
+    CPU's wall time, which its loss budget would otherwise weigh against the table's step cost."""
+    observe = policy.observe
+
+    def timed(rnd, seconds=None, ran=None):
+        observe(rnd, table[int(rnd.gamma if ran is None else ran)], ran)
+
+    policy.observe = timed
+    return policy
+
+
 def sampled_rows(seeds: int, method: str = "exact", temperature: float = 1.0):
     dec = SpeculativeDecoder(device="cpu")
 
@@ -153,8 +235,8 @@ def sampled_rows(seeds: int, method: str = "exact", temperature: float = 1.0):
         for pair in PAIRS:
             for batch in BATCHES:
                 table = cost_table(pair, batch, method)
-                decoder_module.make_policy = lambda g, mode, lo, hi, cost=None, **kw: make_policy(
-                    g, mode, lo, hi, TableCost(table) if mode == "auto" else cost, **kw)
+                decoder_module.make_policy = lambda g, mode, lo, hi, cost=None, **kw: table_timed(make_policy(
+                    g, mode, lo, hi, TableCost(table) if mode == "auto" else cost, **kw), table)
                 auto = SpeculativeDecoder(device="cpu")
                 for s in range(seeds):
                     rounds(auto, batch, s, "auto")

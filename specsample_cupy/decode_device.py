@@ -22,7 +22,11 @@ then discarded, counted in stats["discarded_rounds"]).
 
 gamma may change from round to round (gamma_policy): the buffers are sized for the policy's largest
 gamma, a round of gamma drafts uses their first B * gamma rows, and the policy's choice for round
-r + 1 is made when round r is enqueued, from the reports read by then.
+r + 1 is made when round r is enqueued, from the reports read by then. A drafting call whose policy
+may stop drafting (automatic gamma) also gets the target's S = 1 step on its buffers
+(enable_target_steps): from the round the policy says 0, the call runs target steps, as a
+target-only call does, to its end; its first round may be a single target step too (it times one).
+A target step at round r samples at offset r * (cap + 1), decode_host's rule.
 
 Truncated sampling (top_k / top_p / min_p): before each sampling kernel (draft_step_done,
 target_step_done) warp_rows.cu computes the sampled rows' thresholds (kernels.RowWarps), and the
@@ -162,6 +166,7 @@ class _RoundBuffers:
         tag, vec = kernels.vec_width(self._dtype_name, self.V)   # run outputs: allocation-aligned
         step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel, self.offset_streams, \
             refill_kernel = _functions(tag, vec)
+        self._target_kernels = (target_kernel, ngram_feed_kernel)   # enable_target_steps()
         c = ctypes   # refill_rows(packed, n, state, B, P, C, E, streams, temps): continuous batching's refills
         self.refill_launch = kernel_runtime.Launch(refill_kernel, [
             c.c_void_p(), c.c_int32(), c.c_void_p(self.state.data.ptr), c.c_int32(B), c.c_int32(P), c.c_int32(C),
@@ -172,7 +177,8 @@ class _RoundBuffers:
         # and of target steps (the truncation, or none truncating when logprobs need the statistics),
         # whether logprobs are written; and the launcher of warp_rows over sampled rows (first use).
         self.truncation, self.warps, self.logprobs, self.row_warps = None, None, False, None
-        self.ngram_feed_launch = None   # prompt-lookup rounds only
+        self.ngram_feed_launch = None   # prompt-lookup rounds, and target steps of drafting calls
+        self.target_launch = None       # target steps: target-only buffers, or enable_target_steps()
         self.expected = self.host_beta = None   # expected_accept.cu's launches, at first use (expected_acceptance())
         if G == 0:
             self._build_target_only(target, target_kernel)
@@ -186,6 +192,17 @@ class _RoundBuffers:
         else:
             self.draft_steps = [draft._step(2)] + ([draft._step(1)] if G > 1 else [])
             self._build_speculative(target, draft, step_kernel, done_kernel)
+
+    def enable_target_steps(self, target) -> None:
+        """Let buffers of drafting rounds (G > 0) also run target steps (automatic gamma stops
+        drafting mid-call): the target's S = 1 step and target_step_done's launch, and
+        ngram_target_feed's launch, which writes that step's feed from the device's state after a
+        drafting round (with G = 0: the row's last token, its position, the slot mask). Kept with the
+        buffers; before start(), which sets their per-call fields."""
+        if self.target_launch is None:
+            self._build_target_only(target, self._target_kernels[0])
+        if self.ngram_feed_launch is None:
+            self._build_ngram_feed(self._target_kernels[1])
 
     def target_step(self, target, S: int):
         step = self.target_steps.get(S)
@@ -311,8 +328,15 @@ class _RoundBuffers:
             mask[:, cache.length:] = 0
         cupy.cuda.runtime.memcpyAsync(self.state.data.ptr, self.host_state.ctypes.data, self.host_state.nbytes,
                                       1, stream.ptr)
-        if self.G == 0:
+        if self.target_launch is not None:
             self.target_launch.set(**draws, pad_id=pad_id, pos_limit=pos_limit)
+        if self.G:
+            for launch in self.step_launches:
+                launch.set(**draws, pos_limit=pos_limit)
+            if self.ngram_feed_launch is not None:
+                self.ngram_feed_launch.set(pos_limit=pos_limit)
+            self.done_launch.set(pad_id=pad_id, pos_limit=pos_limit)
+        if gamma == 0:   # target-only, or a drafting call's first round as a target step: its S = 1 feed
             live = ~req.finished
             feed = np.zeros(2 * B + B * (self.C + 1), np.int64)
             feed[:B] = np.where(live, req.last_tokens(), pad_id)
@@ -321,18 +345,14 @@ class _RoundBuffers:
             mask[:, :caches[0].length] = caches[0].mask
             mask[:, self.C] = live
             self.target_steps[1].feed.set(feed, stream=stream)
-            return
-        for launch in self.step_launches:
-            launch.set(**draws, pos_limit=pos_limit)
-        if self.ngram_feed_launch is not None:
-            self.ngram_feed_launch.set(pos_limit=pos_limit)
-        self.done_launch.set(pad_id=pad_id, pos_limit=pos_limit)
-        self.prepare_round(stream, gamma)
+        else:
+            self.prepare_round(stream, gamma)
 
     def prepare_round(self, stream, gamma: int) -> None:
         """round_done with nothing emitted: every row's draft length and first draft feed for a round
         of gamma drafts, from the state as it is (a call's start, or rows just refilled; rows already
-        prepared get the same again)."""
+        prepared get the same again; or after a call's first round was a target step: the draft has
+        then not seen two tokens, which its S = 2 first run takes)."""
         done = self.done_launch
         done.commit.words = 0
         done(stream, verify_out=self.no_verify.data.ptr, L_target=0, target_cols=0, report=self.first_report.data.ptr,
@@ -349,14 +369,16 @@ class _RoundBuffers:
             with stream:
                 warps = off_warps(cupy, self.B)
         self.warps = warps   # verify()'s and the target steps' samplers' (built once per setting)
-        sampled = self.warps if self.G == 0 else self.truncation   # what the sampling kernels read
-        record = 0
-        if sampled is not None:
-            if self.row_warps is None:
-                self.row_warps = kernels.RowWarps(self._dtype_name, self.B, self.V, cupy.cuda.runtime.getDevice())
-            record = self.row_warps.record.data.ptr
-        for launch in [self.target_launch] if self.G == 0 else self.step_launches:
-            launch.set(warp_record=record)
+        # What the sampling kernels read: draft steps the truncation, target steps self.warps.
+        steps = self.truncation is not None and self.step_launches
+        targets = self.warps is not None and self.target_launch is not None
+        if (steps or targets) and self.row_warps is None:
+            self.row_warps = kernels.RowWarps(self._dtype_name, self.B, self.V, cupy.cuda.runtime.getDevice())
+        record = self.row_warps.record.data.ptr if self.row_warps is not None else 0
+        for launch in self.step_launches:
+            launch.set(warp_record=record if steps else 0)
+        if self.target_launch is not None:
+            self.target_launch.set(warp_record=record if targets else 0)
 
     def expected_acceptance(self, stream, target_logits, gamma: int, temperature, r: int) -> None:
         """Enqueue kernels_cu/expected_accept.cu over round r's rows (target_logits [B, gamma + 1, V], the
@@ -390,13 +412,17 @@ def round_buffers(decoder, B: int, C: int, P: int, G: int, E: int) -> _RoundBuff
 
 class DeviceCost:
     """AutoGamma's cost of a device round of gamma drafts: the model runs' GPU time measured by replaying
-    the captured graphs (calibrate_model_costs), plus a line a + b * gamma fitted to what the rounds
-    read so far took beyond it (kernels, verify(), idle gaps); 0 before any round is read."""
+    the captured graphs (calibrate_model_costs), plus what the rounds read so far took beyond it
+    (kernels, verify(), idle gaps; a gamma_policy.LineCost of those remainders), 0 before any round
+    is read. cost(0) is the target's S = 1 run plus that remainder's guess, not a target step's own
+    (target_step_done, no verify()): AutoGamma times a target step (measures_step)."""
+
+    measures_step = True
 
     def __init__(self, model_s: dict):
         from specsample_cupy.gamma_policy import LineCost
         self.model_s = model_s
-        self.rest = LineCost(prior_ratio=0.05)
+        self.rest = LineCost(prior_ratio=0.05, jump=None)   # the models' slower paths are in model_s
 
     @property
     def model_s(self):
@@ -407,6 +433,13 @@ class DeviceCost:
     def model_s(self, value):
         self._model_s = value
         self._model = {}   # gammas (dtype, bytes) -> (model seconds, gammas as floats): asked after every round
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the model costs are calibrated (the rest is 0 until rounds are read)."""
+        return self.model_s is not None
+
+    settled = fitted   # replays of captured graphs: no slow first run to wait out
 
     def observe(self, gamma: int, seconds: float):
         self.rest.observe(gamma, seconds - self.model_s[gamma])
@@ -424,7 +457,7 @@ class DeviceCost:
             g = np.asarray(gammas)
             known = self._model[key] = (np.array([self.model_s[int(x)] for x in g.tolist()]), g.astype(np.float64))
         model, g = known
-        return model + np.maximum(self.rest(g), 0.0) if self.rest.w else model
+        return model + np.maximum(self.rest(g), 0.0) if self.rest.fitted else model
 
 
 def calibrate_model_costs(decoder, buf: _RoundBuffers, gammas, replays: int = 5) -> dict:
@@ -499,6 +532,17 @@ class DeviceRounds:
         if hasattr(policy, "cost") and isinstance(policy.cost, DeviceCost) and policy.cost.model_s is None:
             policy.cost.model_s = calibrate_model_costs(decoder, buf, range(policy.lo, policy.cap + 1))
             policy.choose()   # from the measured costs (and what earlier calls measured, if loaded)
+        # A policy that may stop drafting mid-call (automatic gamma) gets target steps on these buffers.
+        self.steps_after_drafts = self.cap > 0 and getattr(policy, "target_steps", False)
+        if self.steps_after_drafts:
+            buf.enable_target_steps(self.target)
+        # Round 0's time, for a policy that learns costs: from an event recorded right before its first
+        # launch (later rounds: from the previous round's report event).
+        self._round0_start = None
+        if getattr(policy, "cost", None) is not None:
+            import cupy
+            self._round0_start = cupy.cuda.Event(disable_timing=False)
+        policy.begin(int(np.max(req.remaining, initial=0)), probe_steps=1)   # automatic gamma's (gamma_policy)
         self.gammas = {0: policy.next_gamma()}
         limit = decoder.context_length
         self.pos_limit = (limit or np.iinfo(np.int64).max) - 1
@@ -546,18 +590,30 @@ class DeviceRounds:
     # -- rounds -------------------------------------------------------------------------------------
     def _enqueue(self, r: int):
         """Enqueue round r and an event the host waits on; its last kernel writes the report into host
-        memory. Round r - 2's report, in the same slot, was read before this call."""
+        memory. Round r - 2's report, in the same slot, was read before this call.
+
+        Round r + 1's gamma is chosen now (round_done of a drafting round r writes the next round's
+        draft lengths). A target step (gamma 0) may follow a drafting round: its S = 1 feed is then
+        written from the device's state (ngram_target_feed with G = 0; after a target step,
+        target_step_done writes it). A drafting round may follow a target step only at round 1: the
+        draft's first run (S = 2) catches up on the two tokens it has not seen then, not on more, so
+        later target steps last to the call's end (automatic gamma's stop is final too)."""
         gamma = self.gammas[r]
-        if gamma:
-            self.gammas[r + 1] = self.policy.next_gamma()
-        else:
-            self.gammas[r + 1] = 0
+        following = self.policy.next_gamma() if gamma or self.steps_after_drafts else 0
+        self.gammas[r + 1] = following if gamma or r == 0 else 0
         self._compact_full_caches(gamma + 1)
         self.enqueued += 1
         report = self.buf.host_reports[r % 2].ctypes.data
+        if r == 0 and self._round0_start is not None:
+            self._round0_start.record(self.stream)
         if gamma == 0:
+            if r > 0 and self.gammas[r - 1] > 0:   # the first target step after drafting rounds
+                self.buf.ngram_feed_launch(self.stream, self.B, THREADS, G=0,
+                                           feed=self.buf.target_steps[1].feed.data.ptr)
             self._enqueue_target_step(r, report)
         else:
+            if r == 1 and self.gammas[0] == 0:   # after a first target step: draft lengths, first draft feed
+                self.buf.prepare_round(self.stream, gamma)
             self._enqueue_speculative(r, gamma, report)
         self.buf.report_events[r % EVENTS].record(self.stream)
 
@@ -569,7 +625,9 @@ class DeviceRounds:
         if buf.warps is not None:   # the thresholds / statistics of the rows target_step_done samples
             buf.row_warps(self.stream, buf.target_steps[1].logits.data.ptr, 1, self.temperature, buf.warps)
         buf.set_commit(launch.commit, 1, L)
-        launch(self.stream, offset=r & 0xFFFFFFFF, L_run=L, report=report, lp_out=buf.logprobs_slot(r))
+        # Round r's first offset (decode_host's rule): r in target-only calls, no earlier round's in others.
+        launch(self.stream, offset=(r * self.per_round) & 0xFFFFFFFF, L_run=L, report=report,
+               lp_out=buf.logprobs_slot(r))
 
     def _enqueue_speculative(self, r: int, gamma: int, report: int):
         buf, stream, B = self.buf, self.stream, self.B
@@ -667,10 +725,10 @@ class DeviceRounds:
             expected = expected_accepted(beta, draft_len, accepted)
         rnd = Round(active, draft_len, accepted, taken, G, expected)
         seconds = None
-        if r > 0 and getattr(self.policy, "cost", None) is not None:   # GPU time between two reports
+        if getattr(self.policy, "cost", None) is not None:   # GPU time between two reports
             import cupy
-            seconds = cupy.cuda.get_elapsed_time(self.buf.report_events[(r - 1) % EVENTS],
-                                                 self.buf.report_events[r % EVENTS]) / 1e3
+            start = self.buf.report_events[(r - 1) % EVENTS] if r > 0 else self._round0_start
+            seconds = cupy.cuda.get_elapsed_time(start, self.buf.report_events[r % EVENTS]) / 1e3
         self.policy.observe(rnd, seconds)
         return rnd
 
@@ -680,10 +738,12 @@ class DeviceRounds:
         compact_plan right-aligns each row's real slots to a length no row can exceed: the longest
         sequence the host has read, plus cap + 1 tokens per round still unread, minus one (a cache holds
         at most its row's length minus one tokens). Then one gather moves the keys and values, and
-        the next run's feed copy of the mask follows the new mask."""
+        the next run's feed copy of the mask follows the new mask. Before a target step the draft's
+        cache takes nothing (after a stop it never grows again): only the target's counts."""
         import cupy
         B = self.B
-        caches = (("target", self.tc),) + ((("draft", self.dc),) if self.dc is not None else ())
+        drafting = self.dc is not None and self.gammas.get(self.enqueued, 0) > 0
+        caches = (("target", self.tc),) + ((("draft", self.dc),) if drafting else ())
         full = [(role, cache) for role, cache in caches if cache.length + need > cache.capacity]
         if not full:
             return
@@ -701,9 +761,10 @@ class DeviceRounds:
             C = self.tc.capacity
             if self.dc is not None:
                 self.buf.draft_steps[0].feed[4 * B:].reshape(B, C + 2)[:, :C] = self.masks["draft"]
-            elif self.buf.G == 0:
+            if self.buf.target_launch is not None and self.gammas.get(self.enqueued, 0) == 0:
+                # the next round is a target step: its S = 1 feed (written by the step before) follows
                 self.buf.target_steps[1].feed[2 * B:].reshape(B, C + 1)[:, :C] = self.masks["target"]
-            # (prompt-lookup rounds write the target's feed from the mask each round)
+            # (drafting rounds write the target's feed from the mask each round)
 
     # -- continuous batching ----------------------------------------------------------------------
     @property

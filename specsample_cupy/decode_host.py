@@ -6,9 +6,14 @@ the target scores gamma + 1 positions in one run, verify() accepts a prefix and 
 token, the host appends what each request takes (Requests.append: EOS and budget cuts) and both
 caches roll back to what they have seen of the accepted sequences. A round of gamma = 0 is a
 target step: one run, one sampled token per request. The host reads one small result per round.
+Each round's gamma is the policy's (gamma_policy), 0 included: automatic gamma may switch a call to
+target steps at any round, and the draft's first run of a later drafting round catches up on every
+token it has not seen (Requests.columns), however many.
 
 Random numbers: round r's draft run i samples at Philox offset r * (cap + 1) + i and its verify()
-at r * (cap + 1) + cap (cap: the policy's largest gamma); target step r samples at offset r. The
+at r * (cap + 1) + cap (cap: the policy's largest gamma); a target step at round r samples at
+r * (cap + 1) (r in target-only decoding, cap 0), so that the target steps of a call whose automatic
+gamma stopped drafting draw numbers no earlier round drew. The
 device loop uses the same offsets, so both give the same tokens (up to float near-ties). With
 per-request streams (RequestStreams, continuous batching) each request draws with its own seed at
 those offsets counted from its own first round, as it would decoded alone (verify()'s `streams`).
@@ -79,6 +84,7 @@ class HostRounds:
         self.streams = streams
         self.round = 0   # the round the loop runs next
         self.per_round = policy.cap + 1
+        policy.begin(int(np.max(req.remaining, initial=0)), probe_steps=2)   # automatic gamma's (gamma_policy)
         self.read_wait_s = 0.0
         self.discarded = 0
         self._expected = None   # expected_accept.cu's launches, at first use (_expected_acceptance)
@@ -119,13 +125,15 @@ class HostRounds:
             started = time.perf_counter()
             gamma = self.policy.next_gamma()
             active = ~self.req.finished
+            ran = 0
             if gamma == 0:
                 taken = self._target_step(r)
                 rnd = Round(active, np.zeros(self.req.batch, np.int64), np.zeros(self.req.batch, np.int64), taken, 0)
             else:
                 draft_len, accepted, taken, expected = self._speculative_round(r, gamma)
                 rnd = Round(active, draft_len, accepted, taken, gamma, expected)
-            self.policy.observe(rnd, time.perf_counter() - started)
+                ran = int(draft_len.max(initial=0))   # the runs it had: the longest proposal's
+            self.policy.observe(rnd, time.perf_counter() - started, ran)
             self.round = r + 1   # before the yield: rows refilled meanwhile start at the next round
             yield rnd
 
@@ -133,10 +141,10 @@ class HostRounds:
         """The random-number keywords of sample_tokens() / verify() for round r: draft run `step` or
         verify() (step = cap) of a speculative round, or a target step (step None); offsets as the
         module docstring says."""
+        step = 0 if step is None else step   # a target step: its round's first offset
         if self.streams is None:
-            return {"seed": self.seed, "offset": r if step is None else r * self.per_round + step}
-        own = r - self.streams.joined
-        offsets = own if step is None else own * self.per_round + step
+            return {"seed": self.seed, "offset": r * self.per_round + step}
+        offsets = (r - self.streams.joined) * self.per_round + step
         return {"streams": self.dec.xp.asarray(np.stack([self.streams.seeds, offsets], axis=1))}
 
     def _read(self, res):

@@ -1,70 +1,104 @@
 """How many drafts each round proposes: fixed, Hugging Face's heuristic, or chosen from measurements.
 
 A loop asks `next_gamma()` before it enqueues a round and tells the policy what each round it has
-read did with `observe(round, seconds)`. The device loop reads rounds one or two behind the one it
-enqueues, so its choices lag the newest measurements by that much; nothing waits for them.
+read did with `observe(round, seconds, ran)` (ran: the gamma its runs had, where fewer drafts ran).
+gamma = 0 is a target step: one target run, one token per request. The device loop reads rounds one
+or two behind the one it enqueues, so its choices lag the newest measurements by that much; nothing
+waits for them.
 
 AutoGamma maximises the rate at which the batch finishes. With a per-draft acceptance probability
 alpha (drafts are accepted while they keep being accepted, so the accepted count is truncated
 geometric), a round of gamma drafts emits on average
 
-    E(gamma) = (1 - alpha^(gamma + 1)) / (1 - alpha)   tokens per request,
+    E(gamma) = (1 - alpha^(gamma + 1)) / (1 - alpha)   tokens per request   (E(0) = 1),
 
-and costs cost(gamma) seconds. A generate() call returns when its last request is done (finished
-rows are not replaced), so what matters is the slowest live request: the policy takes
-argmax over [gamma_min, gamma_max] of min_b E_b(gamma) / cost(gamma), one alpha per request. (The
-mean over requests would be a throughput for rows that are refilled; it favours long rounds that
-the rows accepting least pay for, e.g. gamma 10 where 4 finishes a greedy batch of four sooner.)
-alpha is estimated from the call's rounds read so far (successes / trials of the truncated geometric,
-with a weak prior and exponential forgetting per round); cost comes from the loop: the device loop's
-per-run costs measured by replaying its captured graphs plus the per-round remainder it observes, the
-host loop a straight line a + b * gamma fitted to the rounds' wall times.
+and costs cost(gamma) seconds. A generate() call returns when its last request is done, so what
+matters is the slowest live request: the policy takes argmax over gamma of min_b E_b(gamma) /
+cost(gamma), one alpha per request (the mean over requests favours long rounds that the rows
+accepting least pay for). alpha is estimated from the call's rounds read so far (successes / trials
+of the truncated geometric, a weak prior, exponential forgetting per round); cost comes from the
+loop: on the device loop each gamma's model time measured by replaying its captured graphs plus a
+fitted remainder (decode_device.DeviceCost), on the host loop the rounds' wall times (LineCost).
 
 Each call's acceptance starts from the prior, not from the previous call's last estimate: a call's
-first rounds accept less than the end of the call before it (greedy decoding of code: a few early
-rejections, then drafts that agree for a hundred tokens), and a call that started where the last one
-ended opened with long rounds that its first tokens rejected. On equal-work replays of the embedded
-pair's greedy acceptance with the H200 costs of the three pairs (`benchmarks/auto_gamma_sim.py`),
-starting from the last estimate with forgetting 0.95 reached 0.92-1.00 of the best fixed gamma; from
-the prior (worth one draft) with forgetting 0.8, 0.99-1.07.
+first rounds accept less than the end of the call before (greedy code: a few early rejections, then
+drafts that agree for a hundred tokens). How fast old rounds are forgotten depends on how tokens are
+chosen: greedy acceptance comes in runs, so the last few rounds say most (FORGET_GREEDY); sampled
+acceptance varies with the draws, and a short memory chases noise (FORGET_SAMPLED). Exact sampling
+can count, in place of each accepted draft, beta = sum_x min(p(x), q(x)) (the probability that a
+draft sampled from q is accepted, computed from the verified logits: expected_acceptance(), on the
+device kernels_cu/expected_accept.cu): unbiased and without the draws' noise, so a longer memory
+(FORGET_EXPECTED). Equal-work replays of the embedded pair with the H200 costs of the three pairs
+(`benchmarks/auto_gamma_sim.py`): greedy 0.99-1.07 of the best fixed gamma at forgetting 0.8
+(0.94-1.00 at 0.95); exact T = 1, 7B-cost costs, 40 seeds: 0.94 / 0.975 / 0.967 counting accepted
+drafts at 0.8 / 0.9 / 0.95, 0.986 / 0.992 / 0.988 counting beta at 0.9 / 0.95 / 0.98.
 
-How fast old rounds are forgotten depends on how the tokens are chosen. Greedy decoding accepts in
-runs (the draft's greedy continuation agrees with the target's for a stretch, then not), so the last
-few rounds say most about the next: FORGET_GREEDY. Sampled acceptance varies less with the stretch of
-text and more with the draws, and a round holds a few trials: a short memory then chases noise, so
-sampling keeps FORGET_SAMPLED. Replayed exact sampling at T = 1, B = 1, 40 seeds (auto_gamma_sim.py
---method exact): with the 7B-cost pair's costs 0.94 of the best fixed gamma at forgetting 0.8 (the
-H200 measured 0.92 over 15 seeds), 0.975 at 0.9, 0.967 at 0.95; with the 1.5B-cost pair's, 0.95 at 0.8
-and 0.99 at 0.9 or 0.95. Greedy replays at 0.95 fell to 0.94-1.00 (0.99-1.07 at 0.8).
-
-Exact sampling can do better than count: a draft sampled from q is accepted with probability
-beta = sum_x min(p(x), q(x)) (one minus the total variation distance of the two rows), which the
-loop computes from the logits it verified (expected_acceptance(); on the device loop
-kernels_cu/expected_accept.cu). Counting beta in place of each accepted draft (its conditional
-mean given the positions tried) keeps the estimate unbiased and removes the draws' noise, so a
-longer memory (FORGET_EXPECTED) follows the text rather than the draws. Replayed as above (40 seeds,
-T = 1, B = 1, 7B-cost costs): 0.975 of the best fixed gamma counting accepted drafts at forgetting
-0.9, 0.986 / 0.992 / 0.988 from beta at 0.9 / 0.95 / 0.98; the chosen gamma's spread (standard
-deviation over rounds) fell from 1.4 to 0.6.
-
-What a call learns of the costs is kept for the next call of the same kind (state() / load(): the
-decoder keeps it per method, temperature and batch size), and so is its verdict on speculation: when
-the call's pooled acceptance (all its rounds, no forgetting) and the costs say a target-only step
-(gamma = 0: one token for one target run) yields more tokens per second than any round with drafts,
-prefers_target_only() is true and the decoder runs its next calls of that kind target-only,
-speculating again every REPROBE-th call to measure afresh.
+Never slower than target-only decoding (beyond a bound). Target steps are one of the choices (one
+token per request for a step's cost): a call stops drafting, and decodes with target steps as a
+target-only call does to its end, when
+  - costs: every gamma costs more than the gamma + 1 target steps that emit as many tokens as it can
+    at most (a draft that costs about a target run; per-run overhead that dominates);
+  - acceptance: its slowest live request, having tried VERDICT_TRIALS drafts or more this call (greedy
+    decoding accepts in runs: fewer may be a run of rejections that ends), accepts too little for
+    any gamma to beat target steps at the measured costs;
+  - its loss budget runs out, whatever the model says (acceptance near 0 with a cheap draft, a
+    cost the model misprices): its regret (seconds of its timed drafting rounds minus the step cost
+    times the tokens the mean live request took in them; the slowest request's early rejections,
+    which greedy decoding makes up later, would stop calls that pay), plus the likely loss of the
+    rounds handed out and not read and of the next (cost(gamma) - step cost x E(gamma) at the live
+    requests' mean pooled acceptance with DOUBT drafts rejected each), must stay within LOSS_BUDGET
+    of the call's target-only time (step cost x horizon, the loop's largest request budget) plus its
+    credit, and the next round's worst case (nothing accepted) within one budget more. The largest
+    affordable gamma up to the chosen one is handed out; none: stop.
+  A stop lasts to the call's end: no flapping, and the device loop could not resume drafting (its
+  draft's first run catches up on two tokens; after the one target step a call may open with, it
+  can). The step's cost is measured, not assumed: while fewer than the loop's probe_steps (begin())
+  were timed by the kind's calls, a call opens with target steps (free: they are target-only
+  decoding's; the host loop takes two, a process's first run of a shape being slow); while no
+  gamma is timed twice (LineCost.settled) the call drafts gamma_min, the cheapest probe.
+  Credit: what a call gained against target steps and left of its budget is the next call's credit
+  (at most CREDIT_CAP budgets); a kind's first call has FIRST_CREDIT budgets, to find out whether
+  drafting pays where only long rounds do (the embedded pair on the H200 at B = 1: gamma 5, after
+  rejected rounds that lose 4 target steps each). So a call loses at most its budget and credit, one budget
+  of overshoot and the draft's prefill, and a run of calls at most LOSS_BUDGET of its target-only
+  time plus what it gained and what its first call explored. Synthetic replays
+  (tests/test_gamma_policy_target_only.py, host and device loops, B = 1 and 4): where drafting
+  cannot pay, runs of 9 calls take 1.001-1.008 of target-only's time (a kind's first call
+  1.002-1.047, the calls after it 1.00-1.01); where it pays, 0.96-0.99 of the best fixed gamma's (a
+  line fitted to the costs reached 0.52-0.68 on the host loop where the round cost jumps). The
+  greedy replays above (lag 1, 5 seeds) give the cost pairs 1.02-1.08 of the best fixed gamma as
+  before, the embedded pair 0.98 at B = 1 (0.99) and 0.87 at B = 4 (1.01): there drafting pays 1.15x
+  only through long rounds, after first rejections that cost 3-4 target steps a round, and its
+  calls now stop drafting (1.00x target-only); the exact replays (5 seeds) are unchanged.
+Across calls, what a call learns (costs, timed target steps, credit) is kept for the next call of the
+same kind (state() / load(): the decoder keeps it per method, temperature and batch size), and so is
+its verdict: when it stopped for its costs or acceptance, or its pooled acceptance at its end (with
+DOUBT drafts accepted: a few unlucky rounds do not rule a kind) says a target step yields more tokens
+per second than any gamma, prefers_target_only() is true and the decoder runs its next calls of that
+kind target-only (no draft prefill either), speculating again every REPROBE-th call to measure afresh.
 """
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 
 FORGET_GREEDY = 0.8    # weight of older acceptance observations per round read: greedy decoding ...
 FORGET_SAMPLED = 0.9   # ... and sampling (module docstring)
 FORGET_EXPECTED = 0.95  # ... and exact sampling that observes expected acceptance (module docstring)
-COST_FORGET = 0.95     # the same for the round times LineCost fits
+COST_SAMPLES = 8       # round times LineCost keeps per gamma
+JUMP = 0.25            # a timed gamma this far over LineCost's line is a slower path (LineCost)
 REPROBE = 8            # calls of a kind that prefers target-only: every REPROBE-th speculates again
 PRIOR_ALPHA = 0.6      # acceptance assumed before any round is read ...
 PRIOR_TRIALS = 1.0     # ... worth this many drafts
+DOUBT = 2.0            # drafts added to a request's pooled counts: rejected for a round's likely loss,
+                       # accepted for the verdict on a kind (module docstring)
+VERDICT_TRIALS = 24    # drafts the slowest request must have tried before its pooled estimate stops drafting
+CREDIT_CAP = 6.0       # what earlier calls of a kind gained, carried to the next call: at most this many budgets
+FIRST_CREDIT = 1.0     # budgets of credit a kind's first call starts with: to find out whether drafting pays
+LOSS_BUDGET = 0.02     # of a call's target-only time: what its speculative rounds may lose to target steps
+HORIZON = 128          # tokens per request assumed when the loop does not say (begin())
+STEP_SAMPLES = 8       # target step times kept; their lower median is the step cost
 
 
 def expected_tokens(alpha: float, gamma: np.ndarray) -> np.ndarray:
@@ -111,6 +145,7 @@ def expected_accepted(beta: np.ndarray, draft_len: np.ndarray, accepted: np.ndar
 
 class FixedGamma:
     expected = False   # whether the loop reports Round.expected_accepted (AutoGamma for exact sampling)
+    target_steps = False   # whether a gamma = 0 round may follow drafting rounds (AutoGamma)
 
     def __init__(self, gamma: int):
         self.gamma = self.cap = int(gamma)
@@ -118,8 +153,12 @@ class FixedGamma:
     def next_gamma(self) -> int:
         return self.gamma
 
-    def observe(self, rnd, seconds: float | None = None) -> None:
-        pass
+    def observe(self, rnd, seconds: float | None = None, ran: int | None = None) -> None:
+        """Round `rnd` took `seconds` (None: not timed); ran: the gamma its runs had, when fewer drafts
+        than rnd.gamma ran (the host loop runs only the longest proposal: a budget's end, prompt lookup)."""
+
+    def begin(self, horizon: int, probe_steps: int = 1) -> None:
+        """A loop's call starts (AutoGamma.begin())."""
 
 
 class HeuristicGamma(FixedGamma):
@@ -129,7 +168,7 @@ class HeuristicGamma(FixedGamma):
     def __init__(self, gamma: int, gamma_min: int, gamma_max: int):
         self.gamma, self.lo, self.cap = int(np.clip(gamma, gamma_min, gamma_max)), gamma_min, gamma_max
 
-    def observe(self, rnd, seconds=None):
+    def observe(self, rnd, seconds=None, ran=None):
         proposing = rnd.active & (rnd.draft_len > 0)
         if proposing.any():
             all_in = bool((rnd.accepted[proposing] >= rnd.draft_len[proposing]).all())
@@ -137,63 +176,140 @@ class HeuristicGamma(FixedGamma):
 
 
 class LineCost:
-    """cost(gamma) = a + b * gamma, fitted by weighted least squares to (gamma, seconds) of the rounds
-    read, with older rounds forgotten; before two distinct gammas are seen, b = a * prior_ratio."""
+    """cost(gamma) from the round times read: a line a + b * gamma fitted by least squares to each
+    timed gamma's lower median of its latest COST_SAMPLES rounds (a slow outlier, such as a process's
+    first run of a shape, stops counting once that gamma is timed again), weighted by their count;
+    before two gammas are timed, b = a * prior_ratio. A line smooths the noise of each gamma's few
+    rounds (costs taken one gamma at a time make the argmax chase whichever happened to run fast);
+    but a timed gamma over the line of the timed gammas below it by more than JUMP is a slower path
+    (a model that slows down past some number of new tokens), which a line alone underprices and
+    keeps choosing: it stays out of the fit, costs its own time, and every gamma past it the line
+    times that ratio (an untimed gamma below it stays on the line, so it gets tried: a jump is
+    found, not assumed). cost(0) is only a guess at a target step (measures_step: AutoGamma times
+    one)."""
 
-    def __init__(self, prior_ratio: float = 0.3):
+    measures_step = True
+
+    def __init__(self, prior_ratio: float = 0.3, jump: float | None = JUMP):
         self.ratio = prior_ratio
-        self.w = self.wx = self.wy = self.wxx = self.wxy = 0.0
+        self.jump = jump      # None: no slower paths (a remainder whose noise is of its own size)
+        self.samples = {}     # gamma -> its latest round times (COST_SAMPLES at most)
+        self._medians = {}    # gamma -> the lower median of its samples
+        self._fit = None      # line()'s answer until a gamma's median changes ...
+        self._costs = {}      # ... and __call__'s, per gammas asked
+
+    @property
+    def fitted(self) -> bool:
+        """Whether any round was timed (before that the costs are the prior's shape in no unit)."""
+        return bool(self.samples)
+
+    @property
+    def settled(self) -> bool:
+        """Whether some gamma was timed twice (its first time may be a process's first run: slow)."""
+        return any(len(times) > 1 for times in self.samples.values())
 
     def observe(self, gamma: int, seconds: float):
-        f = COST_FORGET
-        self.w, self.wx, self.wy = f * self.w + 1, f * self.wx + gamma, f * self.wy + seconds
-        self.wxx, self.wxy = f * self.wxx + gamma * gamma, f * self.wxy + gamma * seconds
+        times = self.samples.setdefault(int(gamma), [])
+        times.append(float(seconds))
+        del times[:-COST_SAMPLES]
+        median = sorted(times)[(len(times) - 1) // 2]
+        if self._medians.get(int(gamma)) != median:   # else the fit stands (the policy asks every round)
+            self._medians[int(gamma)] = median
+            self._fit, self._costs = None, {}
 
     def state(self) -> tuple:
-        return (self.w, self.wx, self.wy, self.wxx, self.wxy)
+        """(rounds timed, {gamma: times}): what a later call of the kind starts from."""
+        return (sum(map(len, self.samples.values())), {g: list(t) for g, t in self.samples.items()})
 
     def load(self, state: tuple) -> None:
-        self.w, self.wx, self.wy, self.wxx, self.wxy = state
+        self.samples = {g: list(t) for g, t in state[1].items()}
+        self._medians = {g: sorted(t)[(len(t) - 1) // 2] for g, t in self.samples.items()}
+        self._fit, self._costs = None, {}
 
-    def line(self) -> tuple[float, float]:
-        """(a, b) of the fit so far (Python floats: the policy asks after every round)."""
-        if self.w == 0:
-            return 1.0, self.ratio
-        mx, my = self.wx / self.w, self.wy / self.w
-        var = self.wxx / self.w - mx * mx
-        if var > 1e-9:
-            b = (self.wxy / self.w - mx * my) / var
-            a = my - b * mx
-            if a > 0 and b > 0:
-                return a, b
-        a = my / (1 + self.ratio * mx)           # one gamma seen so far: keep the prior's shape
-        return a, a * self.ratio
+    def line(self) -> tuple[float, float, list]:
+        """(a, b, [(gamma, ratio)] of the timed gammas over the line by more than JUMP). The timed
+        gammas join the fit from the lowest up; one over the line of those below it does not."""
+        if self._fit is None:
+            self._fit = self._line()
+        return self._fit
+
+    def _line(self) -> tuple[float, float, list]:
+        if not self._medians:
+            return 1.0, self.ratio, []
+        k = w = sx = sy = sxx = sxy = 0.0   # k: gammas in the fit; each weighs as many rounds as it kept
+        a = b = 0.0
+        jumps = []
+        for x, y in sorted(self._medians.items()):
+            if self.jump is not None and k >= 2 and a + b * x > 0 and y > (1.0 + self.jump) * (a + b * x):
+                jumps.append((x, y))
+                continue
+            n = len(self.samples[x])
+            k, w, sx, sy, sxx, sxy = k + 1, w + n, sx + n * x, sy + n * y, sxx + n * x * x, sxy + n * x * y
+            if k == 1:
+                a = y / (1.0 + self.ratio * x)   # one gamma timed: the prior's shape
+                b = a * self.ratio
+            else:
+                b = max((w * sxy - sx * sy) / (w * sxx - sx * sx), 0.0)
+                a = (sy - b * sx) / w
+        return a, b, [(x, y / (a + b * x)) for x, y in jumps if a + b * x > 0]
 
     def __call__(self, gamma: np.ndarray) -> np.ndarray:
-        a, b = self.line()
-        return a + b * np.asarray(gamma, np.float64)
+        g = np.asarray(gamma, np.float64)
+        key = g.tobytes()
+        cost = self._costs.get(key)
+        if cost is None:
+            a, b, jumps = self.line()
+            cost = a + b * g
+            for x, r in jumps:
+                cost = np.where(g >= x, np.maximum(cost, (a + b * g) * r), cost)
+            self._costs[key] = cost
+        return cost.copy()
 
 
 class AutoGamma(FixedGamma):
-    """argmax over gamma of the slowest live request's expected tokens per second (module docstring),
-    with one acceptance estimate per request.
+    """argmax over gamma of the slowest live request's expected tokens per second, target steps
+    (gamma = 0) included, with one acceptance estimate per request (module docstring).
 
     cost: callable gamma [k] -> seconds [k] per round, with `observe(gamma, seconds)` to learn from
-    the rounds read (LineCost, or the device loop's calibrated cost). forget: the weight of older
-    acceptance observations per round (forgetting(temperature))."""
+    the rounds read (LineCost, or the device loop's calibrated cost); `measures_step` true when its
+    cost(0) is a guess that a timed target step should replace, `settled` false while its costs may
+    still be a first run's. forget: the weight of older acceptance observations per round
+    (forgetting())."""
+
+    target_steps = True   # may hand out gamma = 0 after drafting rounds: the loops prepare target steps
 
     def __init__(self, gamma: int, gamma_min: int, gamma_max: int, cost, forget: float = FORGET_GREEDY,
                  expected: bool = False):
         self.gamma, self.lo, self.cap, self.cost = int(np.clip(gamma, gamma_min, gamma_max)), gamma_min, gamma_max, cost
         self.forget = float(forget)
         self.expected = bool(expected)   # count the rounds' expected acceptance (Round.expected_accepted)
-        self.gammas = np.arange(gamma_min, gamma_max + 1)   # the choices
+        self.gammas = np.arange(gamma_min, gamma_max + 1)   # the drafting choices
         # Per request, as Python lists: B is small where the host sets the pace, and a dozen NumPy
         # calls on [B] arrays per round cost more than the loop over rows.
         self.successes = self.trials = None   # [B] forgotten counts, sized by the first round observed
         self.live = None        # [B] bool: unfinished in the last round observed
         self.pooled = None      # [successes, trials]: every round of the call, not forgotten
-        self.measured = False   # whether any round has been observed
+        self.measured = False   # whether any drafting round has been observed
+        # Target steps (module docstring): their measured cost, and what bounds the call's loss to them.
+        self.steps = []         # seconds of the latest timed target steps (STEP_SAMPLES at most)
+        self.probe_steps = 1    # target steps a call opens with while fewer are timed (begin())
+        self.handed = 0         # rounds handed out (next_gamma())
+        self.stopped = False    # the call has stopped drafting: target steps to its end ...
+        self.stopped_by = None  # ... because the "costs" or the "acceptance" said so, or the loss "budget" ran out
+        self.horizon = HORIZON  # tokens per request the call may generate (begin())
+        self.spent = 0.0        # seconds of the call's timed drafting rounds ...
+        self.progress = None    # ... and [B] the tokens each request took in them
+        self.credit = None      # target steps' worth that earlier calls of the kind gained (state()); None: the first
+        self.pending = deque()  # gammas handed out and not yet observed (the device loop reads late)
+        self._costs = None      # (cost of each of self.gammas, step cost): from the last choose()
+
+    def begin(self, horizon: int, probe_steps: int = 1) -> None:
+        """The loop's call generates at most `horizon` tokens per request (the loss budget's scale), and
+        it may open with `probe_steps` target steps, which time one while fewer are known (the host
+        loop 2: a process's first run of a shape is slow on ONNX Runtime; the device loop 1, its graphs
+        replayed already and its draft able to catch up on one step only)."""
+        self.horizon = max(int(horizon), 1)
+        self.probe_steps = max(int(probe_steps), 1)
 
     @property
     def alpha(self) -> np.ndarray:
@@ -202,12 +318,43 @@ class AutoGamma(FixedGamma):
             return np.array([PRIOR_ALPHA])
         return np.divide(self.successes, self.trials)
 
-    def observe(self, rnd, seconds=None):
+    def regret(self, step: float | None = None) -> float:
+        """Seconds the call's timed drafting rounds took beyond target steps for the same tokens: the
+        mean over live requests of what each took in them (the slowest request, whose early rejections
+        greedy decoding usually makes up later, would stop calls that pay), at the step cost."""
+        step = self.step_cost() if step is None else step
+        taken = self._live(self.progress) if self.progress is not None else [0]
+        return self.spent - step * sum(taken) / len(taken)
+
+    def step_cost(self) -> float:
+        """Seconds of a target step: the lower median of the latest timed ones (a slow outlier, such as a
+        process's first run of a shape, does not count), else the cost model's guess at gamma = 0."""
+        if self.steps:
+            return sorted(self.steps)[(len(self.steps) - 1) // 2]
+        return float(np.asarray(self.cost(np.array([0])), np.float64).reshape(-1)[0])
+
+    def _costs_of(self, gammas) -> np.ndarray:
+        """Seconds of a round of each of `gammas` (0: a target step, step_cost())."""
+        gammas = np.asarray(gammas)
+        return np.where(gammas == 0, self.step_cost(), np.asarray(self.cost(gammas), np.float64))
+
+    def observe(self, rnd, seconds=None, ran=None):
+        if self.pending:
+            self.pending.popleft()
         active = rnd.active.tolist()
         B = len(active)
         if self.successes is None or len(self.successes) != B:
             self.successes, self.trials = [PRIOR_ALPHA * PRIOR_TRIALS] * B, [PRIOR_TRIALS] * B
             self.pooled = [list(self.successes), list(self.trials)]
+            self.progress = [0] * B
+        self.live = active
+        timed = seconds is not None and seconds > 0
+        if rnd.gamma == 0:   # a target step: its time is the step cost; it says nothing of acceptance
+            if timed:
+                self.steps = (self.steps + [float(seconds)])[-STEP_SAMPLES:]
+            if not self.stopped:
+                self.choose()
+            return
         s, t, ps, pt, f = self.successes, self.trials, self.pooled[0], self.pooled[1], self.forget
         counts = rnd.accepted.tolist() if rnd.expected_accepted is None else rnd.expected_accepted.tolist()
         for b, (live, drafts, acc, n) in enumerate(zip(active, rnd.draft_len.tolist(), rnd.accepted.tolist(), counts)):
@@ -218,10 +365,20 @@ class AutoGamma(FixedGamma):
                 ps[b] += n
                 pt[b] += tried
                 self.measured = True
-        self.live = active
-        if seconds is not None and seconds > 0:
-            self.cost.observe(rnd.gamma, seconds)
+        if timed:   # only timed rounds count in the regret: measured, not modelled
+            self.cost.observe(rnd.gamma if ran is None else ran, seconds)
+            self.spent += seconds
+            for b, (live, n) in enumerate(zip(active, rnd.taken.tolist())):
+                if live:
+                    self.progress[b] += n
         self.choose()
+
+    def _live(self, values: list) -> list:
+        """values [B] of the live requests (all when none is live or nothing was observed)."""
+        live = self.live
+        if live is None or len(live) != len(values) or all(live) or not any(live):
+            return values
+        return [v for v, keep in zip(values, live) if keep]
 
     def _slowest_alpha(self, alpha=None) -> float:
         """The least acceptance among the live requests (all when none is live; `alpha` [B], default
@@ -233,46 +390,139 @@ class AutoGamma(FixedGamma):
             alpha = [x / y for x, y in zip(self.successes, self.trials)]
         else:
             alpha = np.asarray(alpha, np.float64).tolist()
-        live = self.live if self.live is not None and len(self.live) == len(alpha) and any(self.live) else None
-        return min(min(a for a, keep in zip(alpha, live) if keep) if live else min(alpha), 0.999)
+        return min(min(self._live(alpha)), 0.999)
+
+    def _doubtful_alpha(self) -> float:
+        """What the loss budget expects a round to accept: the live requests' mean acceptance by the
+        call's pooled counts with DOUBT more drafts rejected each (few rounds read leave room for doubt,
+        many do not; the mean, as regret() counts the mean request's tokens, and E(gamma) at the mean
+        acceptance is at most the requests' mean E(gamma))."""
+        if self.pooled is None:
+            return PRIOR_ALPHA * PRIOR_TRIALS / (PRIOR_TRIALS + DOUBT)
+        alpha = self._live([x / (y + DOUBT) for x, y in zip(*self.pooled)])
+        return min(sum(alpha) / len(alpha), 0.999)
 
     def _rates(self, gammas, alpha=None) -> np.ndarray:
-        """Expected tokens per second of the slowest live request for each of `gammas` (alpha [B]:
-        default the current estimates)."""
-        return expected_tokens(self._slowest_alpha(alpha), gammas) / self.cost(gammas)
+        """Expected tokens per second of the slowest live request for each of `gammas` (0: a target
+        step; alpha [B]: default the current estimates)."""
+        return expected_tokens(self._slowest_alpha(alpha), gammas) / self._costs_of(gammas)
 
     def choose(self) -> None:
         """Set gamma to the best of [gamma_min, gamma_max] under the current estimates (the first best,
-        as np.argmax of _rates). Runs after every round the loop reads, on the host, where a launch-bound
-        pair's rounds wait for it: one acceptance (the slowest request's), E(gamma) summed term by term
-        in Python floats (a dozen NumPy calls on 12-element arrays took ~30 µs)."""
-        a = self._slowest_alpha()
-        costs = self.cost(self.gammas).tolist()
-        term = a ** self.lo
-        tokens = (1.0 - term * a) / (1.0 - a)      # E(gamma_min)
-        best, best_rate = self.lo, tokens / costs[0]
+        as np.argmax of _rates), or stop drafting (gamma 0 to the call's end) when the costs say no
+        gamma can pay (each costs more than the gamma + 1 target steps that emit as many tokens as
+        it can at most), or the acceptance does (_verdict_alpha()). Runs after every round the loop
+        reads, on the host, where a launch-bound pair's rounds wait for it: E(gamma) summed term by
+        term in Python floats at the three acceptances it weighs (a dozen NumPy calls on 12-element
+        arrays took ~30 µs)."""
+        if self.stopped:
+            self.gamma = 0
+            return
+        if not getattr(self.cost, "settled", True):   # no gamma timed twice: the cheapest probe first
+            self.gamma, self._costs = self.lo, None
+            return
+        costs = np.asarray(self.cost(self.gammas), np.float64).tolist()
+        step = self.step_cost()
+        if all(c >= (g + 1) * step for g, c in zip(range(self.lo, self.cap + 1), costs)):
+            self.stopped, self.stopped_by, self.gamma = True, "costs", 0
+            return
+        verdict = self._verdict_alpha(VERDICT_TRIALS)
+        a, low, v = self._slowest_alpha(), self._doubtful_alpha(), 0.0 if verdict is None else verdict
+        ta, tl, tv = a ** self.lo, low ** self.lo, v ** self.lo
+        ea, el, ev = (1.0 - ta * a) / (1.0 - a), (1.0 - tl * low) / (1.0 - low), (1.0 - tv * v) / (1.0 - v)
+        best, best_rate, best_verdict = self.lo, ea / costs[0], ev / costs[0]
+        losses = [costs[0] - step * el]   # each gamma's likely loss to target steps (the budget's)
         for g, c in zip(range(self.lo + 1, self.cap + 1), costs[1:]):
-            term *= a
-            tokens += term                          # E(g) = E(g - 1) + a^g
-            if tokens / c > best_rate:
-                best, best_rate = g, tokens / c
+            ta, tl, tv = ta * a, tl * low, tv * v
+            ea, el, ev = ea + ta, el + tl, ev + tv   # E(g) = E(g - 1) + alpha^g, at each acceptance
+            if ea / c > best_rate:
+                best, best_rate = g, ea / c
+            if ev / c > best_verdict:
+                best_verdict = ev / c
+            losses.append(c - step * el)
+        if verdict is not None and best_verdict * step < 1.0:   # 1 / step: a target step's tokens per second
+            self.stopped, self.stopped_by, self.gamma = True, "acceptance", 0
+            return
+        self._costs = (costs, step, losses)
         self.gamma = best
 
+    def next_gamma(self) -> int:
+        """The next round's gamma: the chosen one, or the largest below it that the loss budget
+        affords (module docstring); 0 when none is (the call then stops drafting), and while a call
+        opens with target steps that time one."""
+        g = self._hand_out()
+        self.handed += 1
+        self.pending.append(g)
+        return g
+
+    def _hand_out(self) -> int:
+        if self.stopped:
+            return 0
+        if self.handed < self.probe_steps and len(self.steps) < self.probe_steps and not any(self.pending) \
+                and getattr(self.cost, "measures_step", False):
+            return 0   # free: target-only decoding's own step, timed
+        if self._costs is None:
+            if not getattr(self.cost, "settled", True):
+                return self.gamma   # the probe (choose(): gamma_min)
+            self.choose()   # first hand-out without a choose() yet (costs known from the start)
+            if self.stopped:
+                return 0
+        costs, step, losses = self._costs
+        # What the call may still lose: its budget and the credit earlier calls of its kind earned,
+        # less the regret of the rounds read (measured) and the likely loss of those in flight; always
+        # enough for one gamma_min round that accepts nothing.
+        allowance = max(step * (LOSS_BUDGET * self.horizon + self._credit()), costs[0] - step)
+        room = allowance - self.regret(step) - sum(losses[p - self.lo] for p in self.pending if p > 0)
+        # The round may also accept nothing (cost(gamma) - step lost): at most one budget past the room.
+        slack = room + step * LOSS_BUDGET * self.horizon
+        g = self.gamma
+        while g >= self.lo and (losses[g - self.lo] > room or costs[g - self.lo] - step > slack):
+            g -= 1
+        if g < self.lo:
+            self.stopped, self.stopped_by, self.gamma = True, "budget", 0
+            return 0
+        return g
+
+    def _verdict_alpha(self, trials: float) -> float | None:
+        """The slowest live request's pooled acceptance (every round the call read, not forgotten) with
+        DOUBT more drafts accepted, or None before it has tried `trials` drafts (in a call: greedy
+        decoding accepts in runs, and fewer may be a run of rejections that ends)."""
+        if not self.measured or min(self._live(self.pooled[1])) < trials + PRIOR_TRIALS:
+            return None
+        return min(min(self._live([(x + DOUBT) / (y + DOUBT) for x, y in zip(*self.pooled)])), 0.999)
+
     def prefers_target_only(self) -> bool:
-        """Whether a target-only step (gamma = 0) beats every gamma in range, by the call's pooled
-        acceptance (every round it read, not forgotten) and the measured costs."""
-        if not self.measured:
+        """Whether the next calls of this kind should run target-only: the call stopped drafting because
+        the costs or its acceptance said so, or by its end its acceptance (_verdict_alpha(), however
+        few drafts it tried: a call stopped by its loss budget ends early) and the costs say a target
+        step beats every gamma."""
+        if self.stopped_by in ("costs", "acceptance"):
+            return True
+        alpha = self._verdict_alpha(0)
+        if alpha is None:
             return False
-        alpha = np.divide(self.pooled[0], self.pooled[1])
-        return bool(self._rates(np.array([0]), alpha)[0] > self._rates(self.gammas, alpha).max())
+        return bool(self._rates(np.array([0]), [alpha])[0] > self._rates(self.gammas, [alpha]).max())
 
     def state(self) -> dict:
-        """What the next call of the same kind starts from: the costs (its acceptance starts from the
-        prior: module docstring)."""
-        return {"cost": self.cost.state()}
+        """What the next call of the same kind starts from (its acceptance starts from the prior: module
+        docstring): the costs, the target step's included, and the credit: what this call gained
+        against target steps and did not spend of its budget, added to what it started with (at most
+        CREDIT_CAP budgets; unchanged by a call that drafted nothing)."""
+        credit = self.credit or 0.0   # a kind's first credit is for its first call only
+        if self.progress is not None and self.spent > 0:
+            step = self.step_cost()
+            credit = credit + LOSS_BUDGET * self.horizon - self.regret(step) / step
+            credit = min(max(credit, 0.0), CREDIT_CAP * LOSS_BUDGET * self.horizon)
+        return {"cost": self.cost.state(), "steps": list(self.steps), "credit": credit}
 
     def load(self, state: dict) -> None:
         self.cost.load(state["cost"])   # the caller calls choose() once the cost can be evaluated
+        self.steps = list(state.get("steps", ()))
+        self.credit = state.get("credit")
+
+    def _credit(self) -> float:
+        """The credit this call starts with, in target steps (a kind's first call: FIRST_CREDIT budgets)."""
+        return FIRST_CREDIT * LOSS_BUDGET * self.horizon if self.credit is None else float(self.credit)
 
 
 def forgetting(temperature: float, expected: bool = False) -> float:

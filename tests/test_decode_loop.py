@@ -139,7 +139,8 @@ def test_auto_gamma_follows_acceptance_and_cost():
     everything = AutoGamma(4, 1, 12, cost=lambda g: 1.0 + 0.8 * np.asarray(g, float))
     for _ in range(40):
         everything.observe(_round(everything.gamma, [everything.gamma] * 2))   # every draft accepted
-    assert everything.next_gamma() == 12 and everything.alpha.min() > 0.95
+    # (the choice: next_gamma() also weighs the loss budget, which these untimed rounds leave unspent)
+    assert everything.gamma == 12 and everything.alpha.min() > 0.95
     cheap = AutoGamma(4, 1, 12, cost=lambda g: 1.0 + 0.05 * np.asarray(g, float))
     dear = AutoGamma(4, 1, 12, cost=lambda g: 1.0 + 0.5 * np.asarray(g, float))   # (0.8: no faster than target steps)
     for _ in range(200):
