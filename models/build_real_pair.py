@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.hf_checkpoint import REAL_SHAPES, write_checkpoint
+from .hf_checkpoint import REAL_SHAPES, write_checkpoint
 
 FORMAT_VERSION = 1
 SELF_DRAFT_LAYERS = 4

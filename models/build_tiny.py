@@ -17,8 +17,8 @@ import os
 
 import numpy as np
 
-from models.export_onnx import export_decoder, random_weights
-from models.reference_forward import reference_logits
+from .export_onnx import export_decoder, random_weights
+from .reference_forward import reference_logits
 
 EOS_TOKEN = "<|endoftext|>"
 UNK_TOKEN = "<unk>"

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from models.export_onnx import OPSET, _Graph, _layer_norm
+from .export_onnx import OPSET, _Graph, _layer_norm
 
 N_FRAMES = 3000
 ENC_LEN = N_FRAMES // 2

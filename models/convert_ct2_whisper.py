@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from models.build_tiny_whisper import (ENC_LEN, N_FRAMES, _sinusoids, build_decoder_merged,
+from .build_tiny_whisper import (ENC_LEN, N_FRAMES, _sinusoids, build_decoder_merged,
                                        build_encoder)
-from models.ct2_model_file import Ct2FormatError, Ct2Model, float_variable, read_ct2_model
+from .ct2_model_file import Ct2FormatError, Ct2Model, float_variable, read_ct2_model
 
 SPEC_NAME = "WhisperSpec"
 _GELU = 3                    # CTranslate2's Activation.GELU (erf), Whisper's activation

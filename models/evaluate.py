@@ -24,8 +24,8 @@ import os
 
 import numpy as np
 
-from models.ort_decoder import OrtDecoder
-from models.stdlib_corpus import EOS_TOKEN, list_files, read_texts, split_files
+from .ort_decoder import OrtDecoder
+from .stdlib_corpus import EOS_TOKEN, list_files, read_texts, split_files
 
 DEFAULT_PAIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stdlib-code")
 TEMPERATURES = (1.0, 0.7)

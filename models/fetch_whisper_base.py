@@ -26,7 +26,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from models.convert_ct2_whisper import convert_ct2_whisper
+from .convert_ct2_whisper import convert_ct2_whisper
 
 DEFAULT_CACHE = Path("~/.cache/specsample/whisper-base")
 VERSION = "1.0.0"

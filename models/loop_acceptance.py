@@ -7,7 +7,7 @@ import argparse
 
 import numpy as np
 
-from models.stdlib_corpus import list_files, read_texts, split_files
+from .stdlib_corpus import list_files, read_texts, split_files
 from specsample_cupy.decoder import SpeculativeDecoder, default_model_dir
 
 

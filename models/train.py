@@ -30,9 +30,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models.export_onnx import export_decoder
-from models.stdlib_corpus import EOS_TOKEN, list_files, read_texts, split_files
-from models.torch_gpt import GPT
+from .export_onnx import export_decoder
+from .stdlib_corpus import EOS_TOKEN, list_files, read_texts, split_files
+from .torch_gpt import GPT
 
 TARGET = dict(n_embd=128, n_layer=3, n_head=4)
 DRAFT = dict(n_embd=64, n_layer=2, n_head=2)

@@ -254,7 +254,8 @@ def bench_decode(pair, pairs_dir, draft_scale, target, draft, ngram_min, ngram_m
     if target is None and (draft is None or ngram) and pair != "embedded":
         from pathlib import Path
 
-        from models import build_cost_pair, build_real_pair
+        from specsample_cupy.layout import models_module
+        build_cost_pair, build_real_pair = models_module("build_cost_pair"), models_module("build_real_pair")
         root = Path(pairs_dir) if pairs_dir else build_cost_pair.default_root()
         if pair in build_real_pair.PAIRS:
             target, built_draft = build_real_pair.build_pair(

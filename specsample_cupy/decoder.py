@@ -38,7 +38,10 @@ UPLOAD_SLOTS = 8
 
 def default_model_dir(role: str) -> Path:
     """The embedded pair, models/stdlib-code/{target,draft}, next to the installed models package."""
-    import models
+    import importlib
+
+    from specsample_cupy.layout import package_name
+    models = importlib.import_module(package_name("models"))
     return Path(models.__file__).resolve().parent / "stdlib-code" / role
 
 

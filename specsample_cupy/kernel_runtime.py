@@ -33,6 +33,7 @@ import threading
 from importlib import resources
 
 from specsample_cupy import errors, philox
+from specsample_cupy.layout import package_name
 
 CODES_HEADER = "codes.cuh"   # generated, never a file in kernels_cu/
 
@@ -54,7 +55,7 @@ def kernel_source(name="verify.cu", read=None):
     text); `#include "codes.cuh"`, in any file, becomes codes_header(). read(name) -> text: where the
     files come from (default: this package's kernels_cu/; a benchmark passes another revision's)."""
     if read is None:
-        root = resources.files("kernels_cu")
+        root = resources.files(package_name("kernels_cu"))
         read = lambda file: root.joinpath(file).read_text()
 
     def inline(name, seen):

@@ -57,9 +57,12 @@ def _write_llama(ckpt: Checkpoint, out: Path, dtype: str) -> dict:
 
 def _write_gpt2(ckpt: Checkpoint, out: Path, dtype: str) -> dict:
     """GPT-2's weights under models/export_onnx.py's names (Conv1D layout: the same as Hugging Face's)."""
-    from models.export_onnx import build_model, expected_weight_shapes, full_config
-
     import onnx
+
+    from specsample_cupy.layout import models_module
+    export_onnx = models_module("export_onnx")
+    build_model, expected_weight_shapes, full_config = (export_onnx.build_model, export_onnx.expected_weight_shapes,
+                                                        export_onnx.full_config)
 
     cfg = ckpt.config
     if cfg.get("activation_function", "gelu_new") != "gelu_new":
