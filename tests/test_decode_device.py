@@ -126,8 +126,8 @@ def test_greedy_device_loop_equals_target_only_greedy(on_device, gamma, extra):
     out = on_device.generate(PROMPTS, max_new_tokens=60, gamma=gamma, method="greedy", **extra)
     assert out.stats["loop"] == "device"
     assert same_fraction(out.token_ids, expected) >= 0.75 and sum(a == b for a, b in zip(out.token_ids, expected)) >= 3
-    if gamma == "auto":
-        assert out.stats["gamma_mode"] == "auto" and 1 <= out.stats["mean_gamma"] <= 12
+    if gamma == "auto":   # (its rounds may be target steps: the tiny pair's drafts do not pay on a GPU)
+        assert out.stats["gamma_mode"] == "auto" and 0 <= out.stats["mean_gamma"] <= 12
 
 
 def test_ignore_eos_generates_the_budget_on_the_device(on_device):
