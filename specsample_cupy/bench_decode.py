@@ -21,11 +21,11 @@ suit the draft does not decide the single-request figures).
 from __future__ import annotations
 
 import itertools
-import json
 import statistics
 
 import click
 
+from specsample_cupy import result_json
 from specsample_cupy.cli_decode import CONTEXT_SETTINGS, draft_options, load_decoder, resolve_device
 from specsample_cupy.ngram import NGRAM
 from specsample_cupy.verify import ONEHOT_METHODS
@@ -283,8 +283,7 @@ def bench_decode(pair, pairs_dir, draft_scale, target, draft, ngram_min, ngram_m
         click.echo(results_table(rows))
         report["runs"].append({"batch": batch, "rows": rows})
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, separators=(",", ":"))
+        result_json.write(json_path, report)
         click.echo(f"wrote {json_path}")
     if plot_path:
         plot(report, plot_path)
