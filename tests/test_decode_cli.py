@@ -76,13 +76,14 @@ def test_bench_decode_table_and_json(pair, tmp_path):
         assert im.mode == "P" and im.size[0] > 300
     rows = json.loads(path.read_text())["runs"][0]["rows"]
     assert [(r["method"], r["gamma"]) for r in rows] == [("target", 0), ("exact", 3), ("greedy", 3)]
-    # Speed-ups are target-only's wall over the method's, seed by seed, in the same run.
+    # Speed-ups are target-only's wall over the method's, seed by seed, in the same run (the file keeps 4
+    # significant digits).
     target_wall = {r["seed"]: r["wall_s"] for r in rows[0]["runs"]}
     for row in rows:
         assert [r["seed"] for r in row["runs"]] == [0, 1] and all(r["wall_s"] > 0 for r in row["runs"])
         ratios = [target_wall[r["seed"]] / r["wall_s"] for r in row["runs"]]
-        assert row["speedup"]["median"] == pytest.approx(statistics.median(ratios))
-        assert row["speedup"]["min"] == pytest.approx(min(ratios))
+        assert row["speedup"]["median"] == pytest.approx(statistics.median(ratios), rel=2e-3)
+        assert row["speedup"]["min"] == pytest.approx(min(ratios), rel=2e-3)
         assert row["method"] in result.stdout
 
 
