@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import click
 
-from specsample_cupy.cli_generate import check_generated, open_output, pending_of, summary_counts
+from specsample_cupy.generate_common import check_generated, open_output, pending_of, summary_counts
 from specsample_cupy.generate_ray_worker import WorkerSetup
 from specsample_cupy.generate_run import batches, continuous_allowed
 

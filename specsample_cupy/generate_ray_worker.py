@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specsample_cupy.cli_decode import load_decoder
+from specsample_cupy.generate_common import fitting
 from specsample_cupy.generate_input import Request, Settings
 from specsample_cupy.generate_run import DecodeOptions, Runner
 
@@ -127,7 +128,6 @@ class DecodeWorker:
         return self._outcomes(requests, lambda kept: self.runner.run_stream(kept, self.batch_size, str))
 
     def _outcomes(self, requests: list[Request], run) -> list[dict]:
-        from specsample_cupy.cli_generate import fitting   # that module imports this one
 
         kept, refusals = fitting(self.decoder, requests, self.name)
         outcomes = [_outcome(r, REJECTED, report=f"{why}; skipped") for r, why in refusals]

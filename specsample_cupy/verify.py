@@ -1,11 +1,11 @@
 """verify(): the verification step of speculative sampling, on CuPy (GPU kernels) or NumPy (CPU reference)."""
-from numbers import Integral, Real
+from numbers import Integral
 
 import numpy as np
 
 from specsample_cupy import errors
 from specsample_cupy.philox import PURPOSE_RESIDUAL
-from specsample_cupy.warps import MinPWarps, check_warps, make_warps, off_warps, warp_request_rows
+from specsample_cupy.warps import MinPWarps, check_warps, make_warps, off_warps, per_request, warp_request_rows
 
 # "sigmoid-paper" is method="sigmoid" with sigmoid_variant="paper" (one name for tables and the CLI).
 METHODS = ("exact", "sigmoid", "sigmoid-paper", "baseline", "greedy")
@@ -140,17 +140,6 @@ def _check_shapes(draft_tokens, draft_logits, target_logits):
         raise ValueError("B and V must be at least 1")
     if target_logits.shape[2] >= 2 ** 31 or target_logits.size >= 2 ** 62:
         raise ValueError("target_logits too large")
-
-
-def _per_request(value, xp, B, arg, dtype):
-    """A scalar stays a Python number; an array must be [B] of module xp."""
-    if isinstance(value, (float, int, np.generic, Real)) and not isinstance(value, np.ndarray):
-        return None, value
-    if type(value).__module__.split(".")[0] != xp.__name__:
-        raise TypeError(f"{arg} must be a scalar or a [B] array of the same module as the logits")
-    if value.shape != (B,):
-        raise ValueError(f"{arg} must be a scalar or shape [B={B}], got {value.shape}")
-    return xp.ascontiguousarray(value, dtype=dtype), None
 
 
 def _check_seed(arg, v, xp):
@@ -302,12 +291,12 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
         raise TypeError(f"draft_logits ({draft_logits.dtype}) and target_logits ({target_logits.dtype}) "
                         "must have the same dtype")
     B, G = draft_tokens.shape
-    temps, temp_scalar = _per_request(temperature, xp, B, "temperature", np.float32)
+    temps, temp_scalar = per_request(temperature, xp, B, "temperature", np.float32)
     if temps is None and not (np.isfinite(temp_scalar) and temp_scalar >= 0):
         raise ValueError(f"temperature must be finite and >= 0, got {temp_scalar}")
     lengths = None
     if draft_lengths is not None:
-        lengths, scalar = _per_request(draft_lengths, xp, B, "draft_lengths", np.int32)
+        lengths, scalar = per_request(draft_lengths, xp, B, "draft_lengths", np.int32)
         if lengths is None:
             raise TypeError("draft_lengths must be a [B] integer array")
     if probs and (temps is not None or temp_scalar != 1 or method == "sigmoid"):

@@ -13,6 +13,7 @@ top-k set, min-p, which is relative to the max and so order-free). The warped di
 softmax(z / T) over the kept entries, renormalised. A row whose max is not finite (NaN, +Inf, or
 no entry above -Inf) keeps everything, so verification's error checks see it unchanged.
 """
+from numbers import Real
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,6 +36,18 @@ class MinPWarps(Warps):
     pass over the rows. Only those functions make them; a Warps built by hand takes the general
     path, whatever it holds."""
     __slots__ = ()
+
+
+def per_request(value, xp, B, arg, dtype):
+    """(array, None) for a [B] array of module xp (checked, made contiguous in dtype), or (None, value) for a
+    scalar, which stays a Python number: how verify() reads its per-request arguments."""
+    if isinstance(value, (float, int, np.generic, Real)) and not isinstance(value, np.ndarray):
+        return None, value
+    if type(value).__module__.split(".")[0] != xp.__name__:
+        raise TypeError(f"{arg} must be a scalar or a [B] array of the same module as the logits")
+    if value.shape != (B,):
+        raise ValueError(f"{arg} must be a scalar or shape [B={B}], got {value.shape}")
+    return xp.ascontiguousarray(value, dtype=dtype), None
 
 
 def _validate(arg, v):
@@ -84,12 +97,11 @@ def make_warps(xp, B, V, temps, temp_scalar, top_k=None, top_p=None, min_p=None)
     """
     if top_k is None and top_p is None and min_p is None:   # every call without truncation: nothing to do
         return None
-    from specsample_cupy.verify import _per_request
     host = lambda a: a.get() if hasattr(a, "get") else np.asarray(a)
     values = {}
     for arg, v in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
         if v is not None:
-            arr, scalar = _per_request(v, xp, B, arg, None)
+            arr, scalar = per_request(v, xp, B, arg, None)
             values[arg] = np.asarray(scalar) if arr is None else host(arr)
             _validate(arg, values[arg])
     k = np.broadcast_to(values.get("top_k", 0), (B,)).astype(np.float64)
@@ -116,8 +128,7 @@ def build_warps(xp, B, V, temperature=1.0, *, top_k=None, top_p=None, min_p=None
     build is three small uploads, and a [B] argument is read back, which synchronises). Validated
     as those calls validate the arguments. None when every warp is off: then pass no warps at all.
     Build them again when the temperatures change: min-p's span includes them."""
-    from specsample_cupy.verify import _per_request
-    temps, temp_scalar = _per_request(temperature, xp, B, "temperature", np.float32)   # as verify() reads it
+    temps, temp_scalar = per_request(temperature, xp, B, "temperature", np.float32)   # as verify() reads it
     return make_warps(xp, B, V, temps, temp_scalar, top_k, top_p, min_p)
 
 
