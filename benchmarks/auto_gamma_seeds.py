@@ -1,4 +1,4 @@
-"""Auto gamma against the best fixed gamma over many seeds, from per-seed wall times (the README's
+"""Auto gamma against the best fixed gamma over many seeds, from per-seed wall times (docs/performance.md's
 auto-gamma tables): per pair and batch, each gamma's median speed-up over target-only (per seed,
 target-only's wall over the method's), auto / best fixed by medians with a 95 % interval from 4000
 bootstrap resamples of the seeds (the best fixed gamma chosen afresh in each), and by total time.

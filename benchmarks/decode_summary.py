@@ -1,5 +1,5 @@
 """Summarise `specsample bench decode --json` results: per pair, batch and method, auto gamma against
-the best fixed gamma, with ideal and efficiency (the README's decode table).
+the best fixed gamma, with ideal and efficiency (docs/performance.md's decode table).
 Usage: python3 benchmarks/decode_summary.py benchmarks/results/decode_*_h200.json"""
 import json
 import sys
