@@ -279,10 +279,13 @@ def _capture_policies(monkeypatch):
 def test_host_loop_falls_back_to_target_steps(embedded, monkeypatch, draft):
     """The host loop on the CPU with the embedded pair: a draft that costs a target run (the target
     itself, every draft accepted) or one whose every proposal is rejected (the draft's logits
-    negated). Each call of the kind gives target-only's tokens; one that drafts opens with target
-    steps (the first call), drafts a few rounds, then decodes with target steps to its end, losing
-    at most its budget, its credit and one budget of overshoot to them (by its own timing: a
-    process's first runs of each shape are slow); within three calls the kind runs target-only."""
+    negated). Each call of the kind gives target-only's tokens and loses at most its budget, its credit
+    and one budget of overshoot to drafting (by its own timing: a process's first runs of each shape
+    are slow). The useless draft's calls open with target steps (the first call), draft a few rounds,
+    then decode with target steps to their end, and within three calls the kind runs target-only: its
+    acceptance decides that, whatever the timings. The dear draft breaks about even on a CPU (the
+    target's gamma + 1 columns cost little more than one), so whether it stops is the timings' call and
+    only its loss is bounded."""
     dec = embedded["dear" if draft == "dear" else "pair"]
     dec._auto_memory.clear()
     if draft == "useless":
@@ -304,12 +307,14 @@ def test_host_loop_falls_back_to_target_steps(embedded, monkeypatch, draft):
         if call == 0:
             assert gammas[:2] == [0, 0]   # the opening target steps
         drafting, final = _drafting_rounds(gammas)
-        assert final and policy.stopped, gammas
-        assert 1 <= drafting <= 12, gammas
+        if draft == "useless":
+            assert final and policy.stopped, gammas
+            assert 1 <= drafting <= 12, gammas
         step = policy.step_cost()
         credit = gp.FIRST_CREDIT * gp.LOSS_BUDGET * N if policy.credit is None else policy.credit
-        assert policy.regret(step) <= step * (2 * gp.LOSS_BUDGET * N + credit) + policy.spent / drafting
-    assert outs[-1].stats["auto_target_only"]
+        assert policy.regret(step) <= step * (2 * gp.LOSS_BUDGET * N + credit) + policy.spent / max(drafting, 1)
+    if draft == "useless":
+        assert outs[-1].stats["auto_target_only"]
 
 
 class ScriptedGamma(FixedGamma):
