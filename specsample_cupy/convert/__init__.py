@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from specsample_cupy.convert.checkpoint import Checkpoint, ConversionError
-from specsample_cupy.convert.families import llama_shape
+from specsample_cupy.convert.families import ATTENTION, llama_shape
 
 DTYPES = ("float16", "float32")
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
@@ -36,7 +36,7 @@ def _weight_bytes(s, itemsize: int) -> int:
     return itemsize * (s.layers * per_layer + s.vocab_size * s.hidden * (1 if s.tied else 2))
 
 
-def _write_llama(ckpt: Checkpoint, out: Path, dtype: str) -> dict:
+def _write_llama(ckpt: Checkpoint, out: Path, dtype: str, attention: str) -> dict:
     import onnx
 
     from specsample_cupy.convert.graph import INLINE_LIMIT, ExternalData, GraphBuilder
@@ -47,7 +47,7 @@ def _write_llama(ckpt: Checkpoint, out: Path, dtype: str) -> dict:
     if _weight_bytes(shape, np.dtype(dtype).itemsize) > INLINE_LIMIT:
         external = ExternalData(out / "model.onnx.data")
     try:
-        model = build_graph(ckpt, shape, GraphBuilder(dtype, dtype, external))
+        model = build_graph(ckpt, shape, GraphBuilder(dtype, dtype, external), attention)
     finally:
         if external is not None:
             external.close()
@@ -55,7 +55,7 @@ def _write_llama(ckpt: Checkpoint, out: Path, dtype: str) -> dict:
     return {**ckpt.config, "max_position_embeddings": shape.context, "torch_dtype": dtype}
 
 
-def _write_gpt2(ckpt: Checkpoint, out: Path, dtype: str) -> dict:
+def _write_gpt2(ckpt: Checkpoint, out: Path, dtype: str, attention: str) -> dict:
     """GPT-2's weights under models/export_onnx.py's names (Conv1D layout: the same as Hugging Face's)."""
     import onnx
 
@@ -65,6 +65,8 @@ def _write_gpt2(ckpt: Checkpoint, out: Path, dtype: str) -> dict:
                                                         export_onnx.full_config)
 
     cfg = ckpt.config
+    if attention != "onnx":
+        raise ConversionError(f"attention {attention!r} is not available for GPT-2 (its graph has one layout)")
     if cfg.get("activation_function", "gelu_new") != "gelu_new":
         raise ConversionError(f"config.json: activation_function {cfg['activation_function']!r} is not "
                               "supported for GPT-2 (gelu_new)")
@@ -82,13 +84,17 @@ def _write_gpt2(ckpt: Checkpoint, out: Path, dtype: str) -> dict:
     return {**full, "torch_dtype": dtype}
 
 
-def convert(hf_dir, out_dir, *, dtype: str = "float16", overwrite: bool = False) -> Path:
+def convert(hf_dir, out_dir, *, dtype: str = "float16", overwrite: bool = False, attention: str = "onnx") -> Path:
     """Convert the checkpoint folder hf_dir into out_dir; returns out_dir.
 
     dtype: "float16" (CUDA: weights, arithmetic, cache and logits in float16) or "float32" (the CPU;
     GPT-2: float32 weights, where float16 keeps float16 weights and float32 arithmetic).
     Raises ConversionError, one line naming the problem, for a folder it cannot convert; out_dir is
-    written only when the conversion succeeds (through a temporary folder beside it)."""
+    written only when the conversion succeeds (through a temporary folder beside it).
+    attention: "onnx" (a masked cache: any batch, the device loop's default) or "gqa" (ONNX Runtime's
+    GroupQueryAttention over a shared buffer; see llama_graph.py)."""
+    if attention not in ATTENTION:
+        raise ConversionError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
     if dtype not in DTYPES:
         raise ConversionError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     ckpt = Checkpoint(hf_dir)
@@ -102,8 +108,8 @@ def convert(hf_dir, out_dir, *, dtype: str = "float16", overwrite: bool = False)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         writer = _write_gpt2 if architecture == "GPT2LMHeadModel" else _write_llama
-        config = writer(ckpt, tmp, dtype)
-        config["specsample_conversion"] = {"format": FORMAT_VERSION, "dtype": dtype,
+        config = writer(ckpt, tmp, dtype, attention)
+        config["specsample_conversion"] = {"format": FORMAT_VERSION, "dtype": dtype, "attention": attention,
                                            "source": str(Path(hf_dir).resolve())}
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         for name in SIDE_FILES:

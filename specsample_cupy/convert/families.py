@@ -12,6 +12,10 @@ import numpy as np
 
 from specsample_cupy.convert.checkpoint import ConversionError
 
+# Attention layouts of the converted graph (llama_graph.py): the masked cache, or GroupQueryAttention
+# over a shared buffer.
+ATTENTION = ("onnx", "gqa")
+
 # Config keys that change the maths when set; the converter implements none of them.
 _UNSUPPORTED_WHEN_SET = ("mlp_bias", "qk_layernorm", "use_qk_norm", "attn_logit_softcapping",
                          "final_logit_softcapping", "logits_scaling", "embedding_multiplier",
