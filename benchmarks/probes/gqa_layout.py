@@ -62,6 +62,31 @@ def gqa_times(model_dir: Path, batch: int, capacity: int, steps: int, reps: int)
     return float(np.median(times))
 
 
+def matmul_ms(shape: dict, batch: int, reps: int = 20) -> float:
+    """Device ms of the layers' weight products alone at batch `batch` (one row each), as cuBLAS runs
+    them from CuPy, every layer its own matrices (no L2 reuse): what the MatMul nodes cost at best."""
+    import cupy
+
+    D, F = shape["hidden_size"], shape["intermediate_size"]
+    H, KV = shape["num_attention_heads"], shape["num_key_value_heads"]
+    hd = shape.get("head_dim") or D // H
+    dims = [(D, (H + 2 * KV) * hd), (H * hd, D), (D, 2 * F), (F, D)]
+    layers = [[cupy.full((k, n), 0.01, cupy.float16) for k, n in dims] for _ in range(shape["num_hidden_layers"])]
+    xs = {k: cupy.ones((batch, k), cupy.float16) for k, _ in dims}
+    times = []
+    for r in range(reps + 2):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for mats in layers:
+            for (k, _), w in zip(dims, mats):
+                xs[k] @ w
+        end.record()
+        end.synchronize()
+        if r >= 2:
+            times.append(cupy.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
 def main():
     from models.hf_checkpoint import REAL_SHAPES, write_checkpoint
     from specsample_cupy.convert import convert
@@ -78,7 +103,9 @@ def main():
     hf = args.work / "hf"
     if not (hf / "config.json").exists():
         write_checkpoint(hf, REAL_SHAPES[args.shape], dtype="bfloat16")
-    report = {"shape": args.shape, "capacity": args.capacity, "layouts": {}}
+    report = {"shape": args.shape, "capacity": args.capacity, "layouts": {},
+              "layer_matmuls_ms": {f"B{b}": round(matmul_ms(REAL_SHAPES[args.shape], b), 4) for b in (1, 4)}}
+    print("layer matmuls alone", report["layer_matmuls_ms"], flush=True)
     for layout in ("onnx", "gqa"):
         out = args.work / layout
         if not (out / "config.json").exists():
@@ -90,7 +117,10 @@ def main():
             if layout == "gqa" and batch > 1 and steps > 1:
                 continue   # ONNX Runtime's GroupQueryAttention: S > 1 over a past at batch 1 only
             timer = gqa_times if layout == "gqa" else graph_probe.run_times
-            runs[f"B{batch}_S{steps}"] = round(timer(out, batch, args.capacity, steps, args.reps), 4)
+            try:
+                runs[f"B{batch}_S{steps}"] = round(timer(out, batch, args.capacity, steps, args.reps), 4)
+            except Exception as exc:  # noqa: BLE001 - a probe reports what failed and goes on
+                runs[f"B{batch}_S{steps}"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         report["layouts"][layout] = {"run_ms": runs, "ops": graph_probe.optimized_ops(out / "model.onnx")}
         print(layout, runs, flush=True)
     print(json.dumps(report))
