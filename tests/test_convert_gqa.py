@@ -22,6 +22,8 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 def _session(tmp_path, name, dtype, device):
     if device == "cuda" and PROVIDERS["cuda"] not in ort.get_available_providers():
         pytest.skip("onnxruntime has no CUDA provider here")
+    if device == "cuda" and dtype == "float32":
+        pytest.skip("ONNX Runtime's CUDA GroupQueryAttention computes in float16 and bfloat16 only")
     hf = write_checkpoint(tmp_path / "hf", TINY[name], dtype="float32", shards=1, seed=3, embed_scale=0.5)
     out = convert(hf, tmp_path / "out", dtype=dtype, attention="gqa")
     ckpt = Checkpoint(hf)
@@ -76,27 +78,27 @@ def test_runs_and_rollback_match_reference(tmp_path, name, dtype, device):
     assert _error(cache.run(other, [n]), ref2[:, n:]) < TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_rows_with_different_counts_step_together(tmp_path, device):
+@pytest.mark.parametrize("device,dtype", [("cpu", "float32"), pytest.param("cuda", "float16", marks=pytest.mark.gpu)])
+def test_rows_with_different_counts_step_together(tmp_path, device, dtype):
     """Rows prefilled one at a time (S > 1 over a past runs at batch 1 only), then S = 1 steps of the
     batch: each row attends to its own count."""
-    session, ckpt, s = _session(tmp_path, "qwen2-tied", "float32", device)
+    session, ckpt, s = _session(tmp_path, "qwen2-tied", dtype, device)
     rng = np.random.default_rng(1)
     lengths = [7, 3]
     seqs = [rng.integers(0, s.vocab_size, (1, n + 2)) for n in lengths]
     rows = []
     for seq, n in zip(seqs, lengths):
-        row = _Buffers(session, s, 1, np.float32)
+        row = _Buffers(session, s, 1, np.dtype(dtype))
         row.run(seq[:, :n], [0])
         rows.append(row.past)
-    batch = _Buffers(session, s, 2, np.float32)
+    batch = _Buffers(session, s, 2, np.dtype(dtype))
     batch.past = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
     counts = np.array(lengths)
     for j in range(2):
         step = batch.run(np.array([[seq[0, n + j]] for seq, n in zip(seqs, lengths)]), counts + j)
         for b, (seq, n) in enumerate(zip(seqs, lengths)):
             ref = llama_logits(ckpt.get, s, seq[:, :n + j + 1])[:, -1]
-            assert _error(step[b], ref) < TOLERANCE["float32"]
+            assert _error(step[b], ref) < TOLERANCE[dtype]
 
 
 def test_unknown_layout_is_refused(tmp_path):

@@ -92,7 +92,8 @@ def convert(hf_dir, out_dir, *, dtype: str = "float16", overwrite: bool = False,
     Raises ConversionError, one line naming the problem, for a folder it cannot convert; out_dir is
     written only when the conversion succeeds (through a temporary folder beside it).
     attention: "onnx" (a masked cache: any batch, the device loop's default) or "gqa" (ONNX Runtime's
-    GroupQueryAttention over a shared buffer; see llama_graph.py)."""
+    GroupQueryAttention over a shared buffer, batch 1 for runs of several tokens; on CUDA float16
+    only; see llama_graph.py)."""
     if attention not in ATTENTION:
         raise ConversionError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
     if dtype not in DTYPES:
