@@ -380,14 +380,19 @@ class _RoundBuffers:
         if self.target_launch is not None:
             self.target_launch.set(warp_record=record if targets else 0)
 
+    def prepare_expected(self, stream) -> None:
+        """Load expected_accept.cu's kernels (a compile on a machine's first use) before any round is
+        timed: a policy that counted that second in its first drafting round would stop drafting."""
+        if self.expected is None:
+            self.expected = ExpectedAcceptance(self._dtype_name, self.B, self.G, self.V, stream)
+            self.host_beta = host_array((2, self.B * self.G), np.float32)
+
     def expected_acceptance(self, stream, target_logits, gamma: int, temperature, r: int) -> None:
         """Enqueue kernels_cu/expected_accept.cu over round r's rows (target_logits [B, gamma + 1, V], the
         draft's in draft_logits; temperature: a float > 0 or [B] float32 on the device): each draft
         position's acceptance probability into host_beta[r % 2][:B * gamma] ([B, gamma], read with
         the round's report; 0 past a row's draft_len)."""
-        if self.expected is None:
-            self.expected = ExpectedAcceptance(self._dtype_name, self.B, self.G, self.V, stream)
-            self.host_beta = host_array((2, self.B * self.G), np.float32)
+        self.prepare_expected(stream)
         self.expected(stream, target_logits.data.ptr, self.draft_logits.data.ptr, self.B, gamma, temperature,
                       self.draft_len.data.ptr, self.host_beta[r % 2].ctypes.data)
 
@@ -532,6 +537,8 @@ class DeviceRounds:
         if hasattr(policy, "cost") and isinstance(policy.cost, DeviceCost) and policy.cost.model_s is None:
             policy.cost.model_s = calibrate_model_costs(decoder, buf, range(policy.lo, policy.cap + 1))
             policy.choose()   # from the measured costs (and what earlier calls measured, if loaded)
+        if getattr(policy, "expected", False):
+            buf.prepare_expected(self.stream)
         # A policy that may stop drafting mid-call (automatic gamma) gets target steps on these buffers.
         self.steps_after_drafts = self.cap > 0 and getattr(policy, "target_steps", False)
         if self.steps_after_drafts:
