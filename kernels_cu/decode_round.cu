@@ -11,6 +11,16 @@
 //
 // Target-only decoding is gamma = 0 of the same loop: a target run of S = 1, then target_step_done.
 //
+// dense (a launch argument): every new column is real, so that a row's cache is its token count and
+// nothing else, as a model whose attention reads counts needs (GroupQueryAttention over a shared
+// buffer: a run writes its S columns at the row's count, without a mask; a pad column would shift
+// them, before the buffer's start at a count under S). Columns past a row's draft length, and a
+// finished row's, are then real too (causal attention shows them only to later such columns, the
+// rollback drops them, and a finished row's output is not read), and the first draft run of a round
+// re-feeds the token before the newest instead of a pad, its slot rolled back first (the same key and
+// value again; a one-token prompt's draft sees that token twice). The device loop sets it for batch 1,
+// the only batch such models run at (sessions_static).
+//
 // Parallel decomposition of all three round kernels: blocks 0..B-1 own one request row each (sampling, mask,
 // feeds: one block scans a row of C slots in chunks of the block's width); blocks B.. copy the run's
 // new key/value columns from ONNX Runtime's present output into the cache (a grid-stride loop over
@@ -80,12 +90,13 @@ __device__ __forceinline__ int block_scan(int v, int* total) {
 }
 
 // Both slot masks of one row rolled back in one scan (KVCache.rollback): the target's slots
-// [at, at + n) first take added[0..n) (its run's new columns), then each mask keeps only its first
-// `keep` real slots. The draft's result is also written to draft_copy (the next draft feed's mask).
+// [at, at + n) first take added[0..n) (its run's new columns), then the target's mask keeps only its
+// first `keep` real slots, the draft's its first `keep_d`. The draft's result is also written to draft_copy (the next draft feed's mask).
 // Returns the draft row's real slots afterwards. Called by the whole block. The two counts travel
 // packed in one int (16 bits each: a chunk adds at most blockDim.x to either).
 __device__ __forceinline__ long long roll_back_rows(long long* mask_t, long long* mask_d, long long* draft_copy, int C,
-                                                    long long keep, int at, int n, const long long* added) {
+                                                    long long keep, long long keep_d, int at, int n,
+                                                    const long long* added) {
   long long seen_t = 0, seen_d = 0;
   for (int c0 = 0; c0 < C; c0 += blockDim.x) {
     const int c = c0 + threadIdx.x;
@@ -97,15 +108,15 @@ __device__ __forceinline__ long long roll_back_rows(long long* mask_t, long long
     int total;
     const int ranks = block_scan(real_t | (real_d << 16), &total);
     if (c < C) {
-      const long long keep_d = real_d && seen_d + (ranks >> 16) <= keep;
+      const long long kept_d = real_d && seen_d + (ranks >> 16) <= keep_d;
       mask_t[c] = real_t && seen_t + (ranks & 0xffff) <= keep;
-      mask_d[c] = keep_d;
-      draft_copy[c] = keep_d;
+      mask_d[c] = kept_d;
+      draft_copy[c] = kept_d;
     }
     seen_t += total & 0xffff;
     seen_d += total >> 16;
   }
-  return seen_d < keep ? seen_d : keep;
+  return seen_d < keep_d ? seen_d : keep_d;
 }
 
 // The target's feed for request b's round of G drafts (S = G + 1 columns), by the whole block: the
@@ -115,7 +126,8 @@ __device__ __forceinline__ long long roll_back_rows(long long* mask_t, long long
 __device__ __forceinline__ void write_target_feed(int b, int B, int G, int skip, const int* __restrict__ draft_tokens,
                                                   int V, const long long* __restrict__ mask_t, int C,
                                                   const long long* __restrict__ seq, int seq_pitch, long long L,
-                                                  int dl, bool live, long long pos_limit, long long* __restrict__ feed) {
+                                                  int dl, bool live, int dense, long long pos_limit,
+                                                  long long* __restrict__ feed) {
   const int S = G + 1;
   long long* mask = feed + 2LL * B * S + (long long)b * (C + S);
   for (int c = threadIdx.x; c < C; c += blockDim.x) mask[c] = mask_t[(long long)b * C + c];
@@ -123,7 +135,7 @@ __device__ __forceinline__ void write_target_feed(int b, int B, int G, int skip,
     if (j == 0) feed[b * S] = seq[(long long)b * seq_pitch + (L > 0 ? L - 1 : 0)];
     else if (j - 1 != skip) feed[b * S + j] = clamp_id(draft_tokens[b * G + j - 1], V);
     feed[(long long)B * S + b * S + j] = clamp_pos(L - 1 + j, pos_limit);
-    mask[C + j] = j <= dl && live;
+    mask[C + j] = dense || (j <= dl && live);
   }
 }
 
@@ -142,7 +154,7 @@ __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
     long long* __restrict__ mask_d, int C, int L_run, long long* __restrict__ next_feed, int next_is_target,
     const long long* __restrict__ mask_t, const long long* __restrict__ seq, int seq_pitch,
     const long long* __restrict__ seq_len, const long long* __restrict__ finished, const int* __restrict__ draft_len,
-    long long pos_limit, const float* __restrict__ warp_record, int B, Commit commit) {
+    long long pos_limit, const float* __restrict__ warp_record, int dense, int B, Commit commit) {
   const int S = next_is_target ? G + 1 : 1;  // the next run's columns
   if ((int)blockIdx.x >= 2 * B) {
     commit_columns(commit, blockIdx.x - 2 * B, gridDim.x - 2 * B);
@@ -175,13 +187,13 @@ __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
     }
     if (threadIdx.x == 0) {
       next_feed[B + b] = clamp_pos(L + step, pos_limit);
-      next_mask[C] = step + 1 < dl;
+      next_mask[C] = dense || step + 1 < dl;
     }
     return;
   }
   if ((int)threadIdx.x < S_run) row_mask[L_run + threadIdx.x] = added[threadIdx.x];
-  write_target_feed(b, B, G, step, draft_tokens, V, mask_t, C, seq, seq_pitch, L, dl, !finished[b], pos_limit,
-                    next_feed);
+  write_target_feed(b, B, G, step, draft_tokens, V, mask_t, C, seq, seq_pitch, L, dl, !finished[b], dense,
+                    pos_limit, next_feed);
 }
 
 // Prompt-lookup rounds (no draft model): after ngram_propose (kernels_cu/ngram.cu) has written the
@@ -191,10 +203,10 @@ __global__ void __launch_bounds__(SS_THREADS) ngram_target_feed(
     const int* __restrict__ draft_tokens, const int* __restrict__ draft_len, int G, int V,
     const long long* __restrict__ mask_t, int C, const long long* __restrict__ seq, int seq_pitch,
     const long long* __restrict__ seq_len, const long long* __restrict__ finished, long long pos_limit,
-    long long* __restrict__ feed, int B) {
+    long long* __restrict__ feed, int dense, int B) {
   const int b = blockIdx.x;
   write_target_feed(b, B, G, -1, draft_tokens, V, mask_t, C, seq, seq_pitch, seq_len[b], draft_len[b],
-                    !finished[b], pos_limit, feed);
+                    !finished[b], dense, pos_limit, feed);
 }
 
 // After verify(): append each request's emitted tokens (up to its first EOS and its budget), commit
@@ -215,7 +227,7 @@ __global__ void __launch_bounds__(SS_THREADS, 1) round_done(
     long long* __restrict__ seq, int seq_pitch, long long* __restrict__ seq_len, const long long* __restrict__ limit,
     long long* __restrict__ finished, const long long* __restrict__ eos, int n_eos, long long pad_id,
     int* __restrict__ draft_len, int gamma_next, long long* __restrict__ feed0, long long pos_limit,
-    int* __restrict__ report, const float* __restrict__ verify_lp, float* __restrict__ lp_out, int B,
+    int* __restrict__ report, const float* __restrict__ verify_lp, float* __restrict__ lp_out, int dense, int B,
     Commit commit) {
   if ((int)blockIdx.x >= B) {
     commit_columns(commit, blockIdx.x - B, gridDim.x - B);
@@ -263,14 +275,17 @@ __global__ void __launch_bounds__(SS_THREADS, 1) round_done(
   const long long L = L0 + taken;
   const int S_t = G + 1;
   long long* next_mask = feed0 + 4LL * B + (long long)b * (C + 2);
+  // dense: the draft keeps one token fewer, which its first run re-feeds (no pad column).
+  const long long keep_d = dense && L >= 2 ? L - 2 : L - 1;
   const long long seen = roll_back_rows(mask_t + (long long)b * C, mask_d + (long long)b * C, next_mask, C, L - 1,
-                                        L_target, target_cols, target_feed + 2LL * B * S_t + (long long)b * (C + S_t) + C);
+                                        keep_d, L_target, target_cols,
+                                        target_feed + 2LL * B * S_t + (long long)b * (C + S_t) + C);
   const long long room_next = limit[b] - L - 1;
   const int dl = done ? 0 : (int)(room_next < gamma_next ? room_next : gamma_next);
   if (j == 0) draft_len[b] = dl;
   if (j < 2) {  // the seq writes above are this block's own; block_scan's barriers ordered them
     const long long src = L - 2 + j;
-    const bool real = dl > 0 && src >= seen;
+    const bool real = dense || (dl > 0 && src >= seen);
     feed0[b * 2 + j] = real ? seq[(long long)b * seq_pitch + (src > 0 ? src : 0)] : pad_id;
     feed0[2 * B + b * 2 + j] = clamp_pos(src, pos_limit);
     next_mask[C + j] = real;
@@ -295,7 +310,7 @@ __global__ void __launch_bounds__(SS_THREADS) target_step_done(
     long long* __restrict__ seq, int seq_pitch, long long* __restrict__ seq_len, const long long* __restrict__ limit,
     long long* __restrict__ finished, const long long* __restrict__ eos, int n_eos, long long pad_id,
     long long pos_limit, int* __restrict__ report, const float* __restrict__ warp_record, float* __restrict__ lp_out,
-    int B, Commit commit) {
+    int dense, int B, Commit commit) {
   if ((int)blockIdx.x >= B) {
     commit_columns(commit, blockIdx.x - B, gridDim.x - B);
     return;
@@ -321,7 +336,7 @@ __global__ void __launch_bounds__(SS_THREADS) target_step_done(
   const long long added = feed_mask[C];  // the run's new column: real for rows that were live
   mask_t[(long long)b * C + L_run] = added;
   feed_mask[L_run] = added;
-  feed_mask[C] = !done;
+  feed_mask[C] = dense || !done;
   feed[b] = done ? pad_id : token;
   feed[B + b] = clamp_pos(L - 1, pos_limit);
   report[b] = 0;
@@ -423,7 +438,7 @@ __global__ void __launch_bounds__(SS_THREADS) refill_rows(const long long* __res
       const T::storage*, int, int, float, unsigned long long, unsigned, const float*, const long long*,         \
       T::storage*, int*, int, int,                                                                              \
       const long long*, long long*, int, int, long long*, int, const long long*, const long long*, int,         \
-      const long long*, const long long*, const int*, long long, const float*, int, Commit);
+      const long long*, const long long*, const int*, long long, const float*, int, int, Commit);
 SS_DRAFT_STEP_DONE(f32, 4)
 SS_DRAFT_STEP_DONE(f32, 1)
 SS_DRAFT_STEP_DONE(f16, 8)
@@ -434,7 +449,7 @@ SS_DRAFT_STEP_DONE(f16, 1)
       const T::storage*, int, float, unsigned long long, unsigned, const float*, const long long*, long long*,  \
       long long*, int, int, long long*,                                                                         \
       int, long long*, const long long*, long long*, const long long*, int, long long, long long, int*, const float*, \
-      float*, int, Commit);
+      float*, int, int, Commit);
 SS_TARGET_STEP_DONE(f32, 4)
 SS_TARGET_STEP_DONE(f32, 1)
 SS_TARGET_STEP_DONE(f16, 8)

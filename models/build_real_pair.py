@@ -50,23 +50,24 @@ def _embed_scale(config: dict) -> float:
     return LOGIT_STD / float(np.sqrt(config["hidden_size"]))
 
 
-def _build(config: dict, out: Path, dtype: str, seed: int, **kw) -> None:
+def _build(config: dict, out: Path, dtype: str, seed: int, attention: str = "onnx", **kw) -> None:
     from specsample_cupy.convert import convert
 
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         write_checkpoint(tmp, config, dtype=dtype, seed=seed, embed_scale=_embed_scale(config), **kw)
-        convert(tmp, out, dtype=dtype, overwrite=True)
+        convert(tmp, out, dtype=dtype, overwrite=True, attention=attention)
 
 
 def build_pair(name: str, out_root: Path | None = None, *, dtype: str = "float16", seed: int = 0,
-               draft_scale: float = 1.0) -> tuple[Path, Path]:
-    """(target_dir, draft_dir) of the named pair, built under out_root/name once and reused while its
-    manifest (written last) matches."""
+               draft_scale: float = 1.0, attention: str = "onnx") -> tuple[Path, Path]:
+    """(target_dir, draft_dir) of the named pair, built under out_root/name (name-gqa for the
+    GroupQueryAttention layout) once and reused while its manifest (written last) matches."""
     if name not in PAIRS:
         raise KeyError(f"unknown pair {name!r}; known: {sorted(PAIRS)}")
     target_shape, draft_shape = PAIRS[name]
-    out = Path(out_root or default_root()) / name
-    manifest = {"format": FORMAT_VERSION, "pair": name, "dtype": dtype, "seed": seed, "draft_scale": draft_scale}
+    out = Path(out_root or default_root()) / (name if attention == "onnx" else f"{name}-{attention}")
+    manifest = {"format": FORMAT_VERSION, "pair": name, "dtype": dtype, "seed": seed, "draft_scale": draft_scale,
+                "attention": attention}
     target, draft = out / "target", out / "draft"
     if _read_json(out / "manifest.json") == manifest:
         return target, draft
@@ -74,12 +75,12 @@ def build_pair(name: str, out_root: Path | None = None, *, dtype: str = "float16
     out.mkdir(parents=True)
     t_config = REAL_SHAPES[target_shape]
     if draft_shape is None:
-        _build(t_config, target, dtype, seed, zero_layers_from=SELF_DRAFT_LAYERS)
-        _build({**t_config, "num_hidden_layers": SELF_DRAFT_LAYERS}, draft, dtype, seed,
+        _build(t_config, target, dtype, seed, attention, zero_layers_from=SELF_DRAFT_LAYERS)
+        _build({**t_config, "num_hidden_layers": SELF_DRAFT_LAYERS}, draft, dtype, seed, attention,
                final_norm_scale=draft_scale)
     else:
-        _build(t_config, target, dtype, seed)
-        _build({**REAL_SHAPES[draft_shape], "vocab_size": t_config["vocab_size"]}, draft, dtype, seed + 1,
+        _build(t_config, target, dtype, seed, attention)
+        _build({**REAL_SHAPES[draft_shape], "vocab_size": t_config["vocab_size"]}, draft, dtype, seed + 1, attention,
                final_norm_scale=draft_scale)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return target, draft
@@ -99,9 +100,10 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", default="float16", choices=("float16", "float32"))
     parser.add_argument("--draft-scale", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attention", default="onnx", choices=("onnx", "gqa"))
     args = parser.parse_args(argv)
     target, draft = build_pair(args.pair, Path(args.out) if args.out else None, dtype=args.dtype, seed=args.seed,
-                               draft_scale=args.draft_scale)
+                               draft_scale=args.draft_scale, attention=args.attention)
     print(f"target {target}\ndraft  {draft}", file=sys.stderr)
 
 

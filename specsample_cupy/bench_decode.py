@@ -218,6 +218,9 @@ def _gammas(text):
 @click.option("--draft-scale", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="real-* pairs: the draft's final-norm scale (self-drafting pairs: 1 gives the target's "
                    "distribution, other values lower acceptance at T > 0).")
+@click.option("--attention", type=click.Choice(["onnx", "gqa"]), default="onnx", show_default=True,
+              help="real-* pairs: the converted graphs' attention layout (convert --attention; gqa: one prompt "
+                   "per call, CUDA).")
 @click.option("--pairs-dir", type=click.Path(file_okay=False), default=None,
               help="Where cost-realistic pairs are built and cached (default ~/.cache/specsample/pairs).")
 @click.option("--target", type=click.Path(exists=True, file_okay=False), default=None,
@@ -240,7 +243,7 @@ def _gammas(text):
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="PNG: speed-up vs gamma per method with the ideal curve.")
-def bench_decode(pair, pairs_dir, draft_scale, target, draft, ngram_min, ngram_max, device, workload, max_new_tokens, methods,
+def bench_decode(pair, attention, pairs_dir, draft_scale, target, draft, ngram_min, ngram_max, device, workload, max_new_tokens, methods,
                  gammas, batches, temperature, seeds, ignore_eos, json_path, plot_path):
     """Speed-up over target-only at equal work: median and range over seeds, ideal and efficiency."""
     from tqdm import tqdm
@@ -259,7 +262,8 @@ def bench_decode(pair, pairs_dir, draft_scale, target, draft, ngram_min, ngram_m
         root = Path(pairs_dir) if pairs_dir else build_cost_pair.default_root()
         if pair in build_real_pair.PAIRS:
             target, built_draft = build_real_pair.build_pair(
-                pair, root, dtype="float16" if device == "cuda" else "float32", draft_scale=draft_scale)
+                pair, root, dtype="float16" if device == "cuda" else "float32", draft_scale=draft_scale,
+                attention=attention)
         else:
             target, built_draft = build_cost_pair.build_pair(pair, root, check="cuda" if device == "cuda" else "cpu")
         draft = draft if ngram else built_draft
@@ -270,6 +274,11 @@ def bench_decode(pair, pairs_dir, draft_scale, target, draft, ngram_min, ngram_m
               "draft": f"ngram {ngram_min}..{ngram_max}" if ngram else str(decoder.draft_spec.model_dir),
               "device": device, "max_new_tokens": max_new_tokens, "temperature": temperature,
               "seeds": seeds, "cuda_graphs": decoder.cuda_graphs, "draft_scale": draft_scale, "runs": []}
+    if device == "cuda":
+        import cupy
+        report["gpu"] = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+    if pair.startswith("real-"):
+        report["attention"] = attention
     batches = [int(b) for b in batches.split(",") if b]
     prompts = prompt_set(batches, WORKLOADS[workload])
     report["prompts"] = prompts

@@ -140,6 +140,8 @@ class _RoundBuffers:
         import cupy
         self.plans = (target._plan,) + ((draft._plan,) if draft is not None else ())
         self.B, self.C, self.P, self.G, self.E, self.V = B, C, P, G, E, target.vocab_size
+        # decode_round.cu's dense columns: a model writing its cache at each row's count (shared buffer).
+        self.dense = int(any(s.shared_buffer for s in ((target, draft) if draft is not None else (target,))))
         sizes = dict(seq=B * P, seq_len=B, limit=B, finished=B, eos=E, mask_t=B * C, mask_d=B * C)
         total = sum(sizes.values())
         self.host_state = host_array(total, np.int64)
@@ -214,7 +216,8 @@ class _RoundBuffers:
         item = np.dtype(session.kv_dtype).itemsize
         row_words = session.head_dim * item // 4          # one column of one (tensor, row, head)
         C, S = self.C, step.steps
-        rows = len(session.cache_names) * self.B * session.n_kv_heads
+        # A shared buffer holds the run's columns already (at each row's count): nothing to copy.
+        rows = 0 if session.shared_buffer else len(session.cache_names) * self.B * session.n_kv_heads
         return _Commit(step.present.data.ptr, session._plan.cache.data.ptr, rows, S * row_words,
                        (C + S) * row_words, C * row_words, C * row_words, 0)
 
@@ -238,7 +241,7 @@ class _RoundBuffers:
             ("finished", c.c_void_p(dev["finished"].data.ptr)), ("eos", c.c_void_p(dev["eos"].data.ptr)),
             ("n_eos", c.c_int32(self.E)), ("pad_id", c.c_int64()), ("pos_limit", c.c_int64()),
             ("report", c.c_void_p(0)), ("warp_record", c.c_void_p(0)), ("lp_out", c.c_void_p(0)),
-            ("B", c.c_int32(B))],
+            ("dense", c.c_int32(self.dense)), ("B", c.c_int32(B))],
             commit, B + _copy_blocks(commit.rows, commit.words))
 
     def _build_speculative(self, target, draft, step_kernel, done_kernel):
@@ -261,7 +264,7 @@ class _RoundBuffers:
                 ("seq_pitch", c.c_int32(self.P)), ("seq_len", c.c_void_p(dev["seq_len"].data.ptr)),
                 ("finished", c.c_void_p(dev["finished"].data.ptr)),
                 ("draft_len", c.c_void_p(self.draft_len.data.ptr)), ("pos_limit", c.c_int64()),
-                ("warp_record", c.c_void_p(0)), ("B", c.c_int32(B))],
+                ("warp_record", c.c_void_p(0)), ("dense", c.c_int32(self.dense)), ("B", c.c_int32(B))],
                 commit, 2 * B + _copy_blocks(commit.rows, commit.words)))
         self._build_done(target, done_kernel, self.draft_steps[0].feed)
 
@@ -282,7 +285,7 @@ class _RoundBuffers:
             ("pad_id", c.c_int64()), ("draft_len", c.c_void_p(self.draft_len.data.ptr)),
             ("gamma_next", c.c_int32(G)), ("feed0", c.c_void_p(feed0.data.ptr)),
             ("pos_limit", c.c_int64()), ("report", c.c_void_p(0)), ("verify_lp", c.c_void_p(0)),
-            ("lp_out", c.c_void_p(0)), ("B", c.c_int32(B))],
+            ("lp_out", c.c_void_p(0)), ("dense", c.c_int32(self.dense)), ("B", c.c_int32(B))],
             commit, B + _copy_blocks(commit.rows, commit.words))
 
     def _build_ngram_feed(self, kernel):
@@ -293,7 +296,8 @@ class _RoundBuffers:
             ("G", c.c_int32(self.G)), ("V", c.c_int32(self.V)), ("mask_t", c.c_void_p(dev["mask_t"].data.ptr)),
             ("C", c.c_int32(self.C)), ("seq", c.c_void_p(dev["seq"].data.ptr)), ("seq_pitch", c.c_int32(self.P)),
             ("seq_len", c.c_void_p(dev["seq_len"].data.ptr)), ("finished", c.c_void_p(dev["finished"].data.ptr)),
-            ("pos_limit", c.c_int64()), ("feed", c.c_void_p()), ("B", c.c_int32(self.B))])
+            ("pos_limit", c.c_int64()), ("feed", c.c_void_p()), ("dense", c.c_int32(self.dense)),
+            ("B", c.c_int32(self.B))])
 
     def start(self, req, caches, *, gamma, temperature, seed, pad_id, pos_limit, stream, warps=None,
               logprobs=False, stream_base=None):

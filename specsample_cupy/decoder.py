@@ -411,6 +411,9 @@ class SpeculativeDecoder:
         target_cache, draft_cache = caches[0], (caches[1] if len(caches) > 1 else None)
         speculative = policy.cap > 0
         why_not = self._why_not_device_loop(speculative, policy.cap)
+        if why_not is not None and any(getattr(s, "shared_buffer", False) for s in (self.target, self.draft) if s):
+            raise ValueError(f"the GroupQueryAttention layout (convert --attention gqa) decodes on the device loop "
+                             f"only, which this call cannot use: {why_not}")
         temperature = 0.0 if method == "greedy" else float(temperature)
         method = method if speculative else "target"
         streams = None if request_seeds is None else RequestStreams(as_int64(request_seeds))

@@ -31,7 +31,7 @@ from specsample_cupy.sessions_cache import KVCache, buffer_ptr
 
 MODEL_FILES = ("model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx")
 PAST_INPUT = re.compile(r"past_key_values\.(\d+)\.(key|value)$")
-KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", "use_cache_branch"}
+KNOWN_INPUTS = {"input_ids", "attention_mask", "position_ids", "use_cache_branch", "total_sequence_length"}
 ONNX_FLOAT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 CONTEXT_KEYS = ("n_positions", "max_position_embeddings", "n_ctx")
 
@@ -315,12 +315,17 @@ class DecoderSession:
     has_position_ids, has_cache_branch. Use new_cache() once per batch, then forward() per step.
     """
 
+    feeds_shared_buffer = False   # sessions_static.StaticDecoderSession binds one buffer as past and present
+
     def __init__(self, spec: ModelSpec, device: str = "cpu", stream=None, device_id: int = 0, *,
                  cuda_graph: bool = False, cpu_threads: int | None = None):
         self.spec, self.device, self.stream, self.device_id = spec, device, stream, device_id
         self.xp = array_module(device)
         self.session = _inference_session(spec.onnx_path, device, stream, device_id, cuda_graph, cpu_threads)
         self._read_graph()
+        if self.shared_buffer and not self.feeds_shared_buffer:
+            raise ValueError(f"{spec.onnx_path}: the GroupQueryAttention layout (convert --attention gqa) runs on "
+                             "CUDA with fixed bindings only; convert with --attention onnx for this device")
         self._binding = self.session.io_binding()
         self._run_options = run_options(device)
         self._logits_buffer = None
@@ -379,6 +384,10 @@ class DecoderSession:
                              f"vocab_size={self.spec.vocab_size}")
         self.has_position_ids = "position_ids" in inputs
         self.has_cache_branch = "use_cache_branch" in inputs
+        # convert(attention="gqa"): GroupQueryAttention writes each run's columns into the past's own
+        # buffer at each row's token count (the attention mask's row sums); only fixed bindings
+        # (sessions_static) can feed it, at batch 1 when a run has several new tokens.
+        self.shared_buffer = "total_sequence_length" in inputs
 
     def _float_type(self, arg):
         if arg.type not in ONNX_FLOAT_TYPES:

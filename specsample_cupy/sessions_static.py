@@ -25,6 +25,15 @@ same fixed bindings, each run enqueued by ONNX Runtime without a graph (capture=
 per run, but the same buffers, so the device loop (decode_device) drives it like any other.
 Models without a position_ids input, or with a use_cache_branch input, cannot take a cache with
 holes; the decoder uses sessions.DecoderSession for them.
+
+A model of the GroupQueryAttention layout (convert(attention="gqa"), session.shared_buffer) takes no
+holes either, but its own way: past and present are bound to the same cache buffer, and a run writes
+its S new columns at each row's token count (the attention mask's row sums, the slot mask's real
+slots plus the S new columns, which are then all real: decode_round.cu's dense columns), rotary at
+the positions those counts give. So there is no scratch and no commit copy; a compaction moves only
+the mask (any arrangement of a row's real slots says the same count); total_sequence_length is the
+capacity, on the host. ONNX Runtime runs several new tokens over a past at batch 1 only, so such a
+model decodes one sequence at a time (new_cache() refuses more).
 """
 from __future__ import annotations
 
@@ -91,6 +100,7 @@ class StaticKVCache(KVCache):
         super().__init__(session.xp, len(session.cache_names), plan.batch, session.n_kv_heads, session.head_dim,
                          session.kv_dtype, plan.capacity, slack=plan.capacity, stream=session.stream,
                          buffers=[plan.cache])
+        self.shared = session.shared_buffer   # keys/values sit at each row's count: a compaction moves none
 
     def past(self):
         return self._tensors(0, self.capacity)
@@ -113,6 +123,9 @@ class StaticKVCache(KVCache):
     def gather(self, cols):
         """Slot j of row b takes slot cols[b, j] (cols: [B, new_length] on the device), for j < new_length;
         the caller sets length and mask."""
+        if self.shared:
+            self.compactions += 1
+            return
         xp = self.xp
         with self._on_stream():
             blocks = self._blocks(0, self.capacity)
@@ -134,14 +147,21 @@ class _Step:
         self.logits = cupy.empty((B, S, session.vocab_size), session.logits_dtype)
         n, H, D = len(session.cache_names), session.n_kv_heads, session.head_dim
         # The present outputs packed back to back: [n * B * H, C + S, D] rows for the commit copy.
-        self.present = scratch[:n * B * H * (C + S) * D].reshape(n, B, H, C + S, D)
+        past = plan.cache.reshape(n, B, H, C, D)
+        # The present outputs packed back to back: [n * B * H, C + S, D] rows for the commit copy; or
+        # the cache itself (a shared buffer).
+        self.present = past if session.shared_buffer else scratch[:n * B * H * (C + S) * D].reshape(n, B, H, C + S, D)
         self.options = run_options("cuda", graph_id)
         self.binding = session.session.io_binding()
-        views = {"input_ids": self.ids, "position_ids": self.feed[B * S:2 * B * S].reshape(B, S),
-                 "attention_mask": self.feed[2 * B * S:].reshape(B, C + S)}
+        views = {"input_ids": self.ids, "attention_mask": self.feed[2 * B * S:].reshape(B, C + S)}
+        if session.has_position_ids:
+            views["position_ids"] = self.feed[B * S:2 * B * S].reshape(B, S)
         for name, array in views.items():
             self._bind(self.binding.bind_input, session, name, array)
-        past = plan.cache.reshape(n, B, H, C, D)
+        if session.shared_buffer:
+            # The capacity, within the rotary tables' rows (the model's context)
+            total = min(C, session.spec.context_length or C)
+            self.binding.bind_cpu_input("total_sequence_length", np.array([total], np.int32))
         for t, (past_name, present_name) in enumerate(session.cache_names):
             self._bind(self.binding.bind_input, session, past_name, past[t])
             self._bind(self.binding.bind_output, session, present_name, self.present[t])
@@ -162,7 +182,8 @@ class _Plan:
         n, H, D = len(session.cache_names), session.n_kv_heads, session.head_dim
         with session.on_stream():
             self.cache = cupy.zeros((n, batch * H * capacity * D), session.kv_dtype)
-            self.scratch = cupy.empty(n * batch * H * (capacity + MAX_GRAPH_STEPS) * D, session.kv_dtype)
+            scratch = 0 if session.shared_buffer else n * batch * H * (capacity + MAX_GRAPH_STEPS) * D
+            self.scratch = cupy.empty(scratch, session.kv_dtype)
         self.ring = PinnedRing(RING_SLOTS)   # the runs' feeds, copied from page-locked memory
         self.steps: dict[int, _Step] = {}
 
@@ -176,11 +197,13 @@ class StaticDecoderSession(DecoderSession):
     the CPU).
     """
 
+    feeds_shared_buffer = True
+
     def __init__(self, spec: ModelSpec, device: str, stream, device_id: int = 0, *, capture: bool = True):
         if device != "cuda":
             raise ValueError("StaticDecoderSession runs on device='cuda' only")
         super().__init__(spec, device, stream, device_id, cuda_graph=capture)
-        if not self.has_position_ids or self.has_cache_branch:
+        if not (self.has_position_ids or self.shared_buffer) or self.has_cache_branch:
             raise ValueError(f"{spec.onnx_path}: static cache runs need position_ids and no use_cache_branch")
         self.capture = capture
         self._plans: dict[tuple[int, int], _Plan] = {}
@@ -189,6 +212,10 @@ class StaticDecoderSession(DecoderSession):
         self.graph_steps = 0                   # runs replayed or captured as CUDA graphs
 
     def new_cache(self, batch: int, capacity: int, slack: int = 32) -> StaticKVCache:
+        if self.shared_buffer and batch > 1:
+            raise ValueError(f"{self.spec.onnx_path}: the GroupQueryAttention layout (convert --attention gqa) "
+                             f"decodes one prompt at a time (ONNX Runtime runs several new tokens over a past at "
+                             f"batch 1 only), got {batch}; pass one prompt per call, or convert with --attention onnx")
         capacity = -(-int(capacity) // CAPACITY_ROUND) * CAPACITY_ROUND
         key = (batch, capacity)
         plan = self._plans.get(key)
@@ -248,13 +275,15 @@ class StaticDecoderSession(DecoderSession):
                 else:
                     dst[...] = device_ids
             self.replay(step)
-            # The new columns' keys/values: rows of S*D elements, from pitch (C+S)*D to pitch C*D.
+            # The new columns' keys/values: rows of S*D elements, from pitch (C+S)*D to pitch C*D (a
+            # shared buffer has them at each row's count already).
             item = np.dtype(self.kv_dtype).itemsize
             D = self.head_dim
-            cupy.cuda.runtime.memcpy2DAsync(
-                plan.cache.data.ptr + length * D * item, C * D * item,
-                step.present.data.ptr + C * D * item, (C + S) * D * item,
-                S * D * item, step.present.shape[0] * batch * self.n_kv_heads, _D2D, stream.ptr)
+            if not self.shared_buffer:
+                cupy.cuda.runtime.memcpy2DAsync(
+                    plan.cache.data.ptr + length * D * item, C * D * item,
+                    step.present.data.ptr + C * D * item, (C + S) * D * item,
+                    S * D * item, step.present.shape[0] * batch * self.n_kv_heads, _D2D, stream.ptr)
             if device_mask is not None:
                 _copy_columns(device_mask, length, feed_mask, C, S, stream)
         if device_mask is None:

@@ -9,14 +9,15 @@ from specsample_cupy.convert import convert
 PROMPTS = ["def f(x):", "import os\n", "class A:\n    def __init__(self"]
 
 
-def converted_self_pair(root, dtype, config=TINY["qwen2-tied"], layers=4, draft_layers=2):
+def converted_self_pair(root, dtype, config=TINY["qwen2-tied"], layers=4, draft_layers=2, attention="onnx"):
     """(target, draft) folders: a `layers`-layer target whose layers from draft_layers on have zero output
     projections, and the draft made of its first draft_layers layers (same seed: the same tensors)."""
     target = write_checkpoint(root / "hf_target", {**config, "num_hidden_layers": layers}, seed=5,
                               embed_scale=0.3, zero_layers_from=draft_layers)
     draft = write_checkpoint(root / "hf_draft", {**config, "num_hidden_layers": draft_layers}, seed=5,
                              embed_scale=0.3)
-    return convert(target, root / "target", dtype=dtype), convert(draft, root / "draft", dtype=dtype)
+    return (convert(target, root / "target", dtype=dtype, attention=attention),
+            convert(draft, root / "draft", dtype=dtype, attention=attention))
 
 
 @pytest.fixture(scope="module")
