@@ -1,0 +1,96 @@
+"""ONNX Runtime GenAI builder-layout folders (GroupQueryAttention whose total length comes from the
+mask's shape, genai_config.json, no config.json), built here from converted graphs with the onnx
+helpers: rewritten for fixed bindings (builder_graph.py) they compute what the converted layout does,
+and on CUDA they decode on the device loop with CUDA graphs, one prompt per call."""
+import json
+import shutil
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from helpers_convert import TINY
+from helpers_decode_gpu import GPU_DECODE
+from specsample_cupy.builder_graph import TOTAL, for_fixed_bindings, rewrite
+from test_convert_decode import PROMPTS, converted_self_pair
+from test_convert_gqa import _Buffers
+
+
+def builder_folder(converted, dst):
+    """A converted GroupQueryAttention folder as the builder writes it: total_sequence_length from
+    Shape(attention_mask)[1] in the graph, genai_config.json in place of config.json."""
+    shutil.copytree(converted, dst)
+    model = onnx.load(str(dst / "model.onnx"))
+    graph = model.graph
+    graph.input.remove(next(i for i in graph.input if i.name == TOTAL))
+    graph.initializer.append(numpy_helper.from_array(np.array(1, np.int64), "one_index"))
+    graph.node.insert(0, helper.make_node("Shape", ["attention_mask"], ["mask_shape"]))
+    graph.node.insert(1, helper.make_node("Gather", ["mask_shape", "one_index"], ["total_i64"], axis=0))
+    graph.node.insert(2, helper.make_node("Cast", ["total_i64"], ["total_seq_len"], to=TensorProto.INT32))
+    for node in graph.node:
+        if node.op_type == "GroupQueryAttention":
+            node.input[6] = "total_seq_len"
+    onnx.save_model(model, str(dst / "model.onnx"))
+    config = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").unlink()
+    decoder = {"filename": "model.onnx", "head_size": config["hidden_size"] // config["num_attention_heads"],
+               "hidden_size": config["hidden_size"], "num_attention_heads": config["num_attention_heads"],
+               "num_key_value_heads": config["num_key_value_heads"], "num_hidden_layers": config["num_hidden_layers"]}
+    genai = {"model": {"vocab_size": config["vocab_size"], "context_length": config["max_position_embeddings"],
+                       "bos_token_id": 0, "eos_token_id": [0], "pad_token_id": 0, "decoder": decoder},
+             "search": {"past_present_share_buffer": True}}
+    (dst / "genai_config.json").write_text(json.dumps(genai))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("builder")
+    return converted_self_pair(root, "float16", TINY["qwen2-tied"], attention="gqa"), root
+
+
+def test_rewrite_matches_the_converted_layout(tmp_path):
+    (target, _), root = converted_self_pair(tmp_path, "float32", attention="gqa"), tmp_path
+    built = builder_folder(target, root / "built")
+    model = onnx.load(str(built / "model.onnx"))
+    assert rewrite(model) and not rewrite(model)
+    assert TOTAL in {i.name for i in model.graph.input}
+    assert all(n.op_type != "Shape" for n in model.graph.node)   # the shape arithmetic is gone
+    sessions = [ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+                for m in (str(target / "model.onnx"), model.SerializeToString())]
+    ids = np.random.default_rng(0).integers(0, 2100, (1, 9))
+    outs = []
+    for session in sessions:
+        shape = session.get_inputs()[3].shape
+        cache = _Buffers(session, type("S", (), {"kv_heads": shape[1], "head_dim": shape[3]}), 1, np.float32)
+        outs.append([cache.run(ids[:, :6], [0]), cache.run(ids[:, 6:], [6])])
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_rewritten_copy_is_cached(tmp_path):
+    (target, _) = converted_self_pair(tmp_path, "float32", attention="gqa")
+    built = builder_folder(target, tmp_path / "built")
+    first = for_fixed_bindings(built / "model.onnx", tmp_path / "cache")
+    assert first != built / "model.onnx" and first.exists()
+    stamp = first.stat().st_mtime_ns
+    assert for_fixed_bindings(built / "model.onnx", tmp_path / "cache") == first and first.stat().st_mtime_ns == stamp
+    assert for_fixed_bindings(target / "model.onnx", tmp_path / "cache") == target / "model.onnx"   # nothing to do
+
+
+@GPU_DECODE[0]
+@GPU_DECODE[1]
+def test_builder_folders_decode_on_the_device_loop(pair, tmp_path):
+    from specsample_cupy.decoder import SpeculativeDecoder
+    (target, draft), root = pair
+    decoder = SpeculativeDecoder(builder_folder(target, tmp_path / "t"), builder_folder(draft, tmp_path / "d"),
+                                 device="cuda")
+    args = dict(temperature=0, ignore_eos=True, max_new_tokens=32)
+    for prompt in PROMPTS:
+        alone = decoder.generate([prompt], gamma=0, method="target", **args)
+        spec = decoder.generate([prompt], gamma=4, method="greedy", **args)
+        assert spec.token_ids == alone.token_ids
+        assert spec.stats["cuda_graphs"] == {"target": True, "draft": True} and spec.stats["loop"] == "device"
+        assert spec.stats["acceptance_rate"] == 1.0
