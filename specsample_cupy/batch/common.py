@@ -1,12 +1,12 @@
-"""What `specsample generate` shares between decoding in this process (cli_generate.py) and on Ray
-(cli_generate_ray.py, generate_ray_worker.py): the output file, the requests still to do, the prompts the
+"""What `specsample generate` shares between decoding in this process (cli/generate.py) and on Ray
+(cli/generate_ray.py, batch/ray_worker.py): the output file, the requests still to do, the prompts the
 models can take, the summary and the exit status."""
 from __future__ import annotations
 
 import click
 
-from specsample_cupy.cli_decode import Prompt, encode_all
-from specsample_cupy.generate_output import OutputBusy, ResultWriter
+from specsample_cupy.batch.outputs import OutputBusy, ResultWriter
+from specsample_cupy.cli.decode import Prompt, encode_all
 
 
 def open_output(path: str) -> ResultWriter:

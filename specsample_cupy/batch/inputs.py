@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from specsample_cupy.cli_decode import _json_object
-from specsample_cupy.seeds import key_of_id, request_seed
-from specsample_cupy.verify import SAMPLING_ONLY
+from specsample_cupy.cli.decode import _json_object
+from specsample_cupy.verification.api import SAMPLING_ONLY
+from specsample_cupy.verification.seeds import key_of_id, request_seed
 
 SEED_FROM_LINE, SEED_FROM_RUN = "line", "run"
 

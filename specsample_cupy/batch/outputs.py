@@ -4,7 +4,7 @@ A line is written with one flush, so a crash (even kill -9) can leave at most on
 last, with no newline after it. Opening the file for a run takes an exclusive lock (two runs
 appending to one file would write ids twice), then cuts such a torn line away and collects the ids
 of the complete lines: those requests are done, and the distinct settings they were written with
-(generate_settings.py), which scan_file() also reads without opening the file for writing.
+(batch/run_settings.py), which scan_file() also reads without opening the file for writing.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from specsample_cupy.generate_settings import canonical
+from specsample_cupy.batch.run_settings import canonical
 
 try:
     import fcntl

@@ -15,8 +15,8 @@ import sys
 import warnings
 from dataclasses import dataclass
 
-from specsample_cupy.generate_input import Request
-from specsample_cupy.generate_ray_worker import REJECTED, WRITTEN, DecodeWorker, WorkerSetup, share_row
+from specsample_cupy.batch.inputs import Request
+from specsample_cupy.batch.ray_worker import REJECTED, WRITTEN, DecodeWorker, WorkerSetup, share_row
 
 # How often a worker that died is replaced and its share retried before the run fails; bounded, so
 # that a share that kills every worker (say, one that runs a GPU out of memory) ends the run.

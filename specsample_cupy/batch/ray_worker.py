@@ -19,10 +19,10 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from specsample_cupy.cli_decode import load_decoder
-from specsample_cupy.generate_common import fitting
-from specsample_cupy.generate_input import Request, Settings
-from specsample_cupy.generate_run import DecodeOptions, Runner
+from specsample_cupy.batch.common import fitting
+from specsample_cupy.batch.inputs import Request, Settings
+from specsample_cupy.batch.runner import DecodeOptions, Runner
+from specsample_cupy.cli.decode import load_decoder
 
 if TYPE_CHECKING:
     import pyarrow as pa

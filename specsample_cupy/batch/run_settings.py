@@ -25,10 +25,10 @@ import hashlib
 import json
 from pathlib import Path
 
-from specsample_cupy.ngram import NGRAM
+from specsample_cupy.decode.ngram import NGRAM
 
 FINGERPRINT_CHUNK = 1 << 20
-SEED_RULE = "request_seed(seed, key_of_id(id)) unless the line has its own seed (specsample_cupy/seeds.py)"
+SEED_RULE = "request_seed(seed, key_of_id(id)) unless the line has its own seed (specsample_cupy/verification/seeds.py)"
 NOT_COMPARED = ("seed_origin", "target", "draft")
 
 
@@ -55,7 +55,7 @@ def model_fingerprint(folder) -> str:
 def model_folders(target, draft) -> tuple[Path, Path | None]:
     """The pair's folders as the decoder resolves them (None, for draft="ngram"); the embedded pair by
     default."""
-    from specsample_cupy.decoder import default_model_dir   # imports onnxruntime only when decoding
+    from specsample_cupy.decode.decoder import default_model_dir   # imports onnxruntime only when decoding
 
     target = Path(target) if target is not None else default_model_dir("target")
     if draft == NGRAM:

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specsample_cupy.continuous import StreamRequest
-from specsample_cupy.decode_stats import RequestTally
-from specsample_cupy.generate_input import Request
+from specsample_cupy.batch.inputs import Request
+from specsample_cupy.decode.continuous import StreamRequest
+from specsample_cupy.decode.stats import RequestTally
 
 
 def batches(requests: list[Request], batch_size: int):
@@ -55,7 +55,7 @@ class DecodeOptions:
     stop: tuple = ()   # stop strings (generate(stop=...))
     truncation: dict = field(default_factory=dict)   # generate()'s top_k / top_p / min_p
     logprobs: bool = False   # each line also holds "logprobs", one per token (generate(logprobs=True))
-    settings: dict = field(default_factory=dict)   # the run's settings, in every line (generate_settings.py)
+    settings: dict = field(default_factory=dict)   # the run's settings, in every line (batch/run_settings.py)
 
 
 class Runner:

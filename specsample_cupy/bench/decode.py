@@ -25,10 +25,10 @@ import statistics
 
 import click
 
-from specsample_cupy import result_json
-from specsample_cupy.cli_decode import CONTEXT_SETTINGS, draft_options, load_decoder, resolve_device
-from specsample_cupy.ngram import NGRAM
-from specsample_cupy.verify import ONEHOT_METHODS
+from specsample_cupy.bench import result_json
+from specsample_cupy.cli.decode import CONTEXT_SETTINGS, draft_options, load_decoder, resolve_device
+from specsample_cupy.decode.ngram import NGRAM
+from specsample_cupy.verification.api import ONEHOT_METHODS
 
 # The embedded pair was trained on Python standard-library code.
 DEFAULT_PROMPTS = (
@@ -254,7 +254,7 @@ def bench_decode(pair, pairs_dir, draft_scale, target, draft, ngram_min, ngram_m
     if target is None and (draft is None or ngram) and pair != "embedded":
         from pathlib import Path
 
-        from specsample_cupy.layout import models_module
+        from specsample_cupy.runtime.layout import models_module
         build_cost_pair, build_real_pair = models_module("build_cost_pair"), models_module("build_real_pair")
         root = Path(pairs_dir) if pairs_dir else build_cost_pair.default_root()
         if pair in build_real_pair.PAIRS:

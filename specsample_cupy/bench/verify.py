@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from specsample_cupy.verify import verify
+from specsample_cupy.verification.api import verify
 
 L2_FALLBACK_BYTES = 60 * 2 ** 20   # H200; used only when the device does not report its L2 size
 
@@ -165,7 +165,7 @@ def time_method(cp, method, inputs, reps, temperature=1.0):
     reading `accepted` to the host). A truncation is built once (build_warps), as a decoding loop
     does: built per call, its three uploads from pageable memory would wait for the stream and put
     host time between the events."""
-    from specsample_cupy.warps import build_warps
+    from specsample_cupy.verification.truncation import build_warps
     target = _next_input(inputs, 0)[2]
     spec = parse_method(method)[1]
     warps = build_warps(cp, target.shape[0], target.shape[2], temperature, **spec) if spec else None

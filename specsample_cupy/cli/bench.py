@@ -3,8 +3,8 @@ import json
 
 import click
 
-from specsample_cupy.bench_decode import bench_decode
-from specsample_cupy.cli_paths import check_plot, check_writable, os_error
+from specsample_cupy.bench.decode import bench_decode
+from specsample_cupy.cli.paths import check_plot, check_writable, os_error
 
 
 def _ints(text):
@@ -37,7 +37,7 @@ def bench_verify(methods, warp_specs, vocab, gamma, batch, dtypes, reps, json_pa
     from rich.table import Table
     from tqdm import tqdm
 
-    from specsample_cupy import bench_verify as bv
+    from specsample_cupy.bench import verify as bv
     progress = lambda g: tqdm(g, desc="configs", leave=False)
     methods = methods.split(",") + [bv.warped("exact", spec) for spec in warp_specs]
     try:
@@ -91,7 +91,7 @@ def _report(table, result, json_path):
 
 def _outputs_checked_first(command: click.Command, json_name: str, plot_name: str) -> click.Command:
     """The command with its --json and --plot (parameter names) checked before it runs, and a file that
-    fails it as one line, not a traceback (bench_decode.py writes its files at the end)."""
+    fails it as one line, not a traceback (bench/decode.py writes its files at the end)."""
     def callback(**kwargs):
         check_writable(kwargs.get(json_name), "--json")
         check_plot(kwargs.get(plot_name))

@@ -1,7 +1,7 @@
 """`specsample convert HF_DIR OUT_DIR`: a Hugging Face checkpoint folder into the decoder format."""
 import click
 
-from specsample_cupy.cli_decode import CONTEXT_SETTINGS
+from specsample_cupy.cli.decode import CONTEXT_SETTINGS
 
 
 @click.command("convert", context_settings=CONTEXT_SETTINGS)

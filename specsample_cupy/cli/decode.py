@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import click
 
-from specsample_cupy.call_args import METHODS
-from specsample_cupy.cli_options import GammaType, SeedType, checked_temperature
-from specsample_cupy.ngram import NGRAM
-from specsample_cupy.stop_strings import cut_text
-from specsample_cupy.verify import ONEHOT_METHODS
+from specsample_cupy.cli.options import GammaType, SeedType, checked_temperature
+from specsample_cupy.decode.call_args import METHODS
+from specsample_cupy.decode.ngram import NGRAM
+from specsample_cupy.decode.stop_strings import cut_text
+from specsample_cupy.verification.api import ONEHOT_METHODS
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 MAX_LISTED_ERRORS = 10
@@ -41,7 +41,7 @@ def stats_table(stats: dict) -> str:
 
 def resolve_device(device: str | None) -> str:
     """The requested device, or "cuda" when usable and otherwise "cpu" (said on stderr, with the reason)."""
-    from specsample_cupy.sessions import cuda_status
+    from specsample_cupy.runtime.sessions import cuda_status
 
     if device is None:
         usable, why_not = cuda_status()
@@ -79,7 +79,7 @@ def draft_options(f):
 def load_decoder(target, draft, device, cuda_graphs=True, device_rounds=True, ngram_min=1, ngram_max=4,
                  cpu_threads=None):
     """SpeculativeDecoder, with a model problem (unusable file, mismatched pair) as a click error."""
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
 
     try:
         with warnings.catch_warnings():

@@ -10,9 +10,9 @@ relative change against `baseline`.
 """
 import click
 
-from specsample_cupy.cli_decode import DraftOption
-from specsample_cupy.cli_paths import check_plot, check_writable, os_error
-from specsample_cupy.ngram import NGRAM, check_ngram_range
+from specsample_cupy.cli.decode import DraftOption
+from specsample_cupy.cli.paths import check_plot, check_writable, os_error
+from specsample_cupy.decode.ngram import NGRAM, check_ngram_range
 from specsample_cupy.tasks.evaluation import ALL_METHODS, DEFAULT_METHODS, NGRAM_METHODS
 
 

@@ -9,7 +9,7 @@ skipped. Requests are decoded with continuous batching (generate_run.Runner.run_
 in generate() calls by generate_run's batching rule. With --ray, cli_generate_ray hands the requests to
 a pool of Ray workers, which batch them the same way, and this process writes their lines.
 
-Every line records the run's settings (generate_settings.py); a resume with other settings is refused
+Every line records the run's settings (batch/run_settings.py); a resume with other settings is refused
 before any model loads, unless --force-settings. The output path is checked before anything else.
 """
 from __future__ import annotations
@@ -19,16 +19,16 @@ import time
 
 import click
 
-from specsample_cupy.cli_decode import CONTEXT_SETTINGS, decode, load_decoder, resolve_device
-from specsample_cupy.cli_options import GammaType, checked_temperature
-from specsample_cupy.cli_paths import check_writable
-from specsample_cupy.generate_input import FORMATS, Settings, read_requests
-from specsample_cupy.generate_common import check_generated, fitting, interrupted, open_output, pending_of, summary_counts
-from specsample_cupy.generate_output import Recovered, scan_file
-from specsample_cupy.generate_ray_worker import WorkerSetup
-from specsample_cupy.generate_run import DecodeOptions, Runner, batches, continuous_allowed
-from specsample_cupy.generate_settings import SettingsMismatch, check_resume, recorded_base_seed, run_settings
-from specsample_cupy.seeds import random_base_seed
+from specsample_cupy.batch.common import check_generated, fitting, interrupted, open_output, pending_of, summary_counts
+from specsample_cupy.batch.inputs import FORMATS, Settings, read_requests
+from specsample_cupy.batch.outputs import Recovered, scan_file
+from specsample_cupy.batch.ray_worker import WorkerSetup
+from specsample_cupy.batch.run_settings import SettingsMismatch, check_resume, recorded_base_seed, run_settings
+from specsample_cupy.batch.runner import DecodeOptions, Runner, batches, continuous_allowed
+from specsample_cupy.cli.decode import CONTEXT_SETTINGS, decode, load_decoder, resolve_device
+from specsample_cupy.cli.options import GammaType, checked_temperature
+from specsample_cupy.cli.paths import check_writable
+from specsample_cupy.verification.seeds import random_base_seed
 
 LOGPROB_METHODS = ("exact", "greedy", "target")   # what generate(logprobs=True) takes
 
@@ -164,7 +164,7 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
     batching (--gamma auto, --adaptive-gamma, --method baseline; a note says so). With --ray, Ray
     workers decode the requests, batched the same way, and this process writes their lines.
     """
-    from specsample_cupy.cli_generate_ray import generate_on_ray, ray_pool   # it imports this module
+    from specsample_cupy.cli.generate_ray import generate_on_ray, ray_pool   # it imports this module
 
     started = time.perf_counter()
     temperature = checked_temperature(method, temperature)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import click
 
-from specsample_cupy.generate_common import check_generated, open_output, pending_of, summary_counts
-from specsample_cupy.generate_ray_worker import WorkerSetup
-from specsample_cupy.generate_run import batches, continuous_allowed
+from specsample_cupy.batch.common import check_generated, open_output, pending_of, summary_counts
+from specsample_cupy.batch.ray_worker import WorkerSetup
+from specsample_cupy.batch.runner import batches, continuous_allowed
 
 
 @dataclass
@@ -49,9 +49,9 @@ def ray_pool(on_ray: bool, workers, gpus_per_worker, address, device) -> RayPool
 def check_models(setup: WorkerSetup):
     """The pair's files and tokenizers, read here as every worker will read them, so that a wrong
     directory is one line of error before Ray starts rather than a failure in each worker."""
-    from specsample_cupy.decoder import default_model_dir
-    from specsample_cupy.ngram import NGRAM, check_ngram_range
-    from specsample_cupy.sessions import ModelSpec, check_pair
+    from specsample_cupy.decode.decoder import default_model_dir
+    from specsample_cupy.decode.ngram import NGRAM, check_ngram_range
+    from specsample_cupy.runtime.sessions import ModelSpec, check_pair
 
     try:
         target = ModelSpec.from_dir(setup.target or default_model_dir("target"))
@@ -69,7 +69,7 @@ def generate_on_ray(requests, rejected: int, read_as: str, output_path: str, set
     reported as bad; `static`: --static; `strict`: --strict."""
     try:
         import ray
-        from specsample_cupy import generate_ray
+        from specsample_cupy.batch import ray_driver as generate_ray
     except ImportError as exc:
         raise click.ClickException(f"--ray needs Ray Data: pip install -e '.[ray]' ({exc})") from exc
     check_models(setup)

@@ -2,11 +2,11 @@
 repository root runs it from a checkout)."""
 import click
 
-from specsample_cupy.cli_bench import bench
-from specsample_cupy.cli_convert import convert
-from specsample_cupy.cli_decode import decode
-from specsample_cupy.cli_eval import eval_group
-from specsample_cupy.cli_generate import generate
+from specsample_cupy.cli.bench import bench
+from specsample_cupy.cli.convert import convert
+from specsample_cupy.cli.decode import decode
+from specsample_cupy.cli.eval import eval_group
+from specsample_cupy.cli.generate import generate
 
 # -h as well as --help, for the group and (inherited through click's context) every command under it.
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}

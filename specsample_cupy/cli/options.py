@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from specsample_cupy.call_args import resolve_temperature
+from specsample_cupy.decode.call_args import resolve_temperature
 
 
 class GammaType(click.ParamType):

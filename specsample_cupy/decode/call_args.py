@@ -13,7 +13,7 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from specsample_cupy.verify import METHODS as VERIFY_METHODS, ONEHOT_METHODS, SAMPLING_ONLY
+from specsample_cupy.verification.api import METHODS as VERIFY_METHODS, ONEHOT_METHODS, SAMPLING_ONLY
 
 METHODS = VERIFY_METHODS + ("target",)
 
@@ -49,7 +49,7 @@ def check_call(method, max_new_tokens, gamma, ngram: bool):
 
 def check_truncation(method, temperature, logprobs, vocab_size: int, **truncation) -> dict:
     """The active top_k / top_p / min_p (validated by verify()'s rules), as keyword arguments."""
-    from specsample_cupy.warps import make_warps
+    from specsample_cupy.verification.truncation import make_warps
     truncation = {k: v for k, v in truncation.items() if v is not None}
     active = make_warps(np, 1, vocab_size, None, float(temperature), **truncation) is not None
     if (active or logprobs) and method not in ("exact", "greedy", "target"):

@@ -30,16 +30,16 @@ from numbers import Integral
 
 import numpy as np
 
-from specsample_cupy.decode_device import DeviceRounds
-from specsample_cupy.decode_host import HostRounds, RequestStreams
-from specsample_cupy.call_args import resolve_temperature
-from specsample_cupy.decode_stats import Clock, RequestTally
-from specsample_cupy.detokenize import TextAssembler
-from specsample_cupy.gamma_policy import FixedGamma
-from specsample_cupy.requests import Requests
-from specsample_cupy.seeds import as_int64, check_seed, request_seed
-from specsample_cupy.sessions_cache import KVCache
-from specsample_cupy.stop_strings import StopStrings, check_stop_strings
+from specsample_cupy.decode.call_args import resolve_temperature
+from specsample_cupy.decode.detokenize import TextAssembler
+from specsample_cupy.decode.device_loop import DeviceRounds
+from specsample_cupy.decode.gamma_policy import FixedGamma
+from specsample_cupy.decode.host_loop import HostRounds, RequestStreams
+from specsample_cupy.decode.request_state import Requests
+from specsample_cupy.decode.stats import Clock, RequestTally
+from specsample_cupy.decode.stop_strings import StopStrings, check_stop_strings
+from specsample_cupy.runtime.sessions_cache import KVCache
+from specsample_cupy.verification.seeds import as_int64, check_seed, request_seed
 
 
 @dataclass
@@ -252,7 +252,7 @@ class _Run:
         if not self.truncation:
             return None
         import cupy
-        from specsample_cupy.warps import build_warps
+        from specsample_cupy.verification.truncation import build_warps
         host = build_warps(np, self.req.batch, self.dec.target.vocab_size, self._temperature(np), **self.truncation)
         if host is None:
             return None

@@ -17,21 +17,21 @@ from pathlib import Path
 
 import numpy as np
 
-from specsample_cupy import decode_device, decode_stats
-from specsample_cupy.call_args import METHODS  # noqa: F401  (decoder.METHODS, where it always was)
-from specsample_cupy.call_args import check_call, check_truncation, resolve_temperature, token_id_prompts
-from specsample_cupy.decode_host import HostRounds, RequestStreams
-from specsample_cupy.decoder_device import graph_refusals as _graph_refusals, pick_device as _pick_device
-from specsample_cupy.decode_stats import Clock, Totals, timed_runs
-from specsample_cupy.detokenize import TextAssembler
-from specsample_cupy.gamma_policy import REPROBE, make_policy
-from specsample_cupy.ngram import NGRAM, check_ngram_range
-from specsample_cupy.pinned import PinnedRing
-from specsample_cupy.requests import Requests
-from specsample_cupy.seeds import as_int64, random_base_seed, resolve_seeds
-from specsample_cupy.sessions import DecoderSession, ModelSpec, array_module, check_pair
-from specsample_cupy.sessions_static import StaticDecoderSession
-from specsample_cupy.stop_strings import StopStrings, check_stop_strings
+from specsample_cupy.decode import device_loop as decode_device, stats as decode_stats
+from specsample_cupy.decode.call_args import METHODS  # noqa: F401  (decoder.METHODS, where it always was)
+from specsample_cupy.decode.call_args import check_call, check_truncation, resolve_temperature, token_id_prompts
+from specsample_cupy.decode.decoder_device import graph_refusals as _graph_refusals, pick_device as _pick_device
+from specsample_cupy.decode.detokenize import TextAssembler
+from specsample_cupy.decode.gamma_policy import REPROBE, make_policy
+from specsample_cupy.decode.host_loop import HostRounds, RequestStreams
+from specsample_cupy.decode.ngram import NGRAM, check_ngram_range
+from specsample_cupy.decode.request_state import Requests
+from specsample_cupy.decode.stats import Clock, Totals, timed_runs
+from specsample_cupy.decode.stop_strings import StopStrings, check_stop_strings
+from specsample_cupy.runtime.pinned import PinnedRing
+from specsample_cupy.runtime.sessions import DecoderSession, ModelSpec, array_module, check_pair
+from specsample_cupy.runtime.sessions_static import StaticDecoderSession
+from specsample_cupy.verification.seeds import as_int64, random_base_seed, resolve_seeds
 # upload()'s slots: one is reused only after its copy ran (a few rounds later: at once).
 UPLOAD_SLOTS = 8
 
@@ -40,7 +40,7 @@ def default_model_dir(role: str) -> Path:
     """The embedded pair, models/stdlib-code/{target,draft}, next to the installed models package."""
     import importlib
 
-    from specsample_cupy.layout import package_name
+    from specsample_cupy.runtime.layout import package_name
     models = importlib.import_module(package_name("models"))
     return Path(models.__file__).resolve().parent / "stdlib-code" / role
 
@@ -359,7 +359,7 @@ class SpeculativeDecoder:
             >>> for out in dec.generate_stream(reqs, batch_size=2, gamma=4):
             ...     print(out.index, out.finish_reason, out.text)
         """
-        from specsample_cupy.continuous import decode_stream
+        from specsample_cupy.decode.continuous import decode_stream
         truncation = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
         return decode_stream(self, requests, batch_size, gamma=gamma, method=method, ignore_eos=ignore_eos,
                              stop=stop, truncation=truncation, logprobs=logprobs,
@@ -422,7 +422,7 @@ class SpeculativeDecoder:
             warps = None
             if truncation:   # built once for the call, on the decoder's stream
                 import cupy
-                from specsample_cupy.warps import build_warps
+                from specsample_cupy.verification.truncation import build_warps
                 with self._on_stream():
                     warps = build_warps(cupy, req.batch, self.target.vocab_size, temperature, **truncation)
             return decode_device.DeviceRounds(self, req, target_cache, draft_cache, policy=policy, method=method,

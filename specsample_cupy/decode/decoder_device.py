@@ -6,14 +6,14 @@ import os
 import sys
 import warnings
 
-from specsample_cupy.sessions import cuda_available
+from specsample_cupy.runtime.sessions import cuda_available
 
 
 def caller_stacklevel() -> int:
     """warnings.warn's stacklevel, from the function that calls this, of the first frame outside this
     package: a warning then points at the user's line, whichever of our functions (and subclasses'
     constructors) led to it."""
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     frame, level = sys._getframe(1), 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
         frame, level = frame.f_back, level + 1

@@ -55,15 +55,16 @@ import time
 
 import numpy as np
 
-from specsample_cupy import errors, kernel_runtime, kernels
-from specsample_cupy.decode_stats import Round
-from specsample_cupy.expected_accept import ExpectedAcceptance
-from specsample_cupy.gamma_policy import expected_accepted
-from specsample_cupy.ngram import propose_ngram_device
-from specsample_cupy.pinned import host_array
-from specsample_cupy.sessions_static import StaticDecoderSession
-from specsample_cupy.verify import VerifyResult, verify
-from specsample_cupy.warps import off_warps
+from specsample_cupy.decode.gamma_policy import expected_accepted
+from specsample_cupy.decode.ngram import propose_ngram_device
+from specsample_cupy.decode.stats import Round
+from specsample_cupy.runtime import errors, kernel_runtime
+from specsample_cupy.runtime.pinned import host_array
+from specsample_cupy.runtime.sessions_static import StaticDecoderSession
+from specsample_cupy.verification import kernel_launch as kernels
+from specsample_cupy.verification.api import VerifyResult, verify
+from specsample_cupy.verification.expected_accept import ExpectedAcceptance
+from specsample_cupy.verification.truncation import off_warps
 
 THREADS = 256
 
@@ -420,7 +421,7 @@ class DeviceCost:
     measures_step = True
 
     def __init__(self, model_s: dict):
-        from specsample_cupy.gamma_policy import LineCost
+        from specsample_cupy.decode.gamma_policy import LineCost
         self.model_s = model_s
         self.rest = LineCost(prior_ratio=0.05, jump=None)   # the models' slower paths are in model_s
 

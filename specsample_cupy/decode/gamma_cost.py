@@ -1,5 +1,5 @@
 """What a round of gamma drafts costs, learnt from the round times a loop reads (the host loop's cost
-model; the device loop's, calibrated by replaying its graphs, is in decode_device.py). Used by
+model; the device loop's, calibrated by replaying its graphs, is in decode/device_loop.py). Used by
 gamma_policy.AutoGamma."""
 from __future__ import annotations
 

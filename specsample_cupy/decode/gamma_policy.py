@@ -83,7 +83,7 @@ from collections import deque
 
 import numpy as np
 
-from specsample_cupy.gamma_cost import LineCost
+from specsample_cupy.decode.gamma_cost import LineCost
 
 FORGET_GREEDY = 0.8    # weight of older acceptance observations per round read: greedy decoding ...
 FORGET_SAMPLED = 0.9   # ... and sampling (module docstring)

@@ -25,14 +25,14 @@ import time
 
 import numpy as np
 
-from specsample_cupy import errors
-from specsample_cupy.decode_stats import Round
-from specsample_cupy.expected_accept import DTYPES, ExpectedAcceptance
-from specsample_cupy.gamma_policy import expected_acceptance, expected_accepted
-from specsample_cupy.ngram import propose_ngram
-from specsample_cupy.sampling import sample_result, sample_tokens
-from specsample_cupy.verify import verify
-from specsample_cupy.warps import build_warps
+from specsample_cupy.decode.gamma_policy import expected_acceptance, expected_accepted
+from specsample_cupy.decode.ngram import propose_ngram
+from specsample_cupy.decode.stats import Round
+from specsample_cupy.runtime import errors
+from specsample_cupy.verification.api import verify
+from specsample_cupy.verification.expected_accept import DTYPES, ExpectedAcceptance
+from specsample_cupy.verification.sampling import sample_result, sample_tokens
+from specsample_cupy.verification.truncation import build_warps
 
 
 def to_host(array) -> np.ndarray:

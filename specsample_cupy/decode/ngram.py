@@ -36,7 +36,7 @@ from numbers import Integral
 
 import numpy as np
 
-from specsample_cupy import kernel_runtime
+from specsample_cupy.runtime import kernel_runtime
 
 THREADS = 256   # kernels_cu/ngram.cu's block (SS_THREADS)
 NGRAM = "ngram"   # the drafter's name where a draft model directory would go (decoder, CLI)

@@ -1,7 +1,7 @@
 """Per-request error codes shared by the kernels, the CPU reference and VerifyResult.check().
 
 This module is the one definition of the codes: the kernels get them as the macros SS_ERR_<name>
-(`MACROS` below) from the header that specsample_cupy.kernel_runtime generates for `#include "codes.cuh"`.
+(`MACROS` below) from the header that specsample_cupy.runtime.kernel_runtime generates for `#include "codes.cuh"`.
 """
 import numpy as np
 

@@ -21,7 +21,7 @@ PURPOSE_RESIDUAL = 1  # exponential race at the emitted position of verify()
 PURPOSE_SAMPLE = 2    # exponential race of sample_tokens()
 
 # Every purpose by name: the kernels get them as the macros SS_PURPOSE_<NAME> from the header that
-# specsample_cupy.kernel_runtime generates for `#include "codes.cuh"` (this module is their one definition).
+# specsample_cupy.runtime.kernel_runtime generates for `#include "codes.cuh"` (this module is their one definition).
 PURPOSES = {name[len("PURPOSE_"):]: value for name, value in dict(globals()).items()
             if name.startswith("PURPOSE_") and isinstance(value, int)}
 

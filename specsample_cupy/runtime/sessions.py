@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specsample_cupy.genai_config import check_graph_agrees, config_from_genai
-from specsample_cupy.sessions_cache import KVCache, buffer_ptr
+from specsample_cupy.runtime.genai_config import check_graph_agrees, config_from_genai
+from specsample_cupy.runtime.sessions_cache import KVCache, buffer_ptr
 
 MODEL_FILES = ("model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx")
 PAST_INPUT = re.compile(r"past_key_values\.(\d+)\.(key|value)$")

@@ -34,10 +34,10 @@ import itertools
 
 import numpy as np
 
-from specsample_cupy import kernel_runtime
-from specsample_cupy.pinned import PinnedRing
-from specsample_cupy.sessions import DecoderSession, ModelSpec, run_options
-from specsample_cupy.sessions_cache import KVCache
+from specsample_cupy.runtime import kernel_runtime
+from specsample_cupy.runtime.pinned import PinnedRing
+from specsample_cupy.runtime.sessions import DecoderSession, ModelSpec, run_options
+from specsample_cupy.runtime.sessions_cache import KVCache
 
 MAX_GRAPH_STEPS = 32      # runs of more columns are not captured
 CAPACITY_ROUND = 64       # capacities are rounded up so that repeated generate() calls share plans

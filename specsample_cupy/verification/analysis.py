@@ -12,12 +12,12 @@ for the sigmoid methods), the first emitted token is distributed as
 and when every draft is accepted the bonus token is drawn from softmax(z / T) ("exact", "sigmoid")
 or in proportion to max(1e-5, z / T) ("sigmoid-paper": the paper's released code samples the raw
 logits). For "exact" both equal the target's distribution p; the total-variation distance to p is
-a method's error at that token. specsample_cupy/reference.py states the same rules (and is what the
+a method's error at that token. specsample_cupy/verification/cpu_numpy.py states the same rules (and is what the
 tests sample).
 """
 import numpy as np
 
-from specsample_cupy.reference import PAPER_EPS, PAPER_FLOOR, SIGMOID_MODES, row_weights
+from specsample_cupy.verification.cpu_numpy import PAPER_EPS, PAPER_FLOOR, SIGMOID_MODES, row_weights
 
 METHODS = ("exact",) + SIGMOID_MODES
 

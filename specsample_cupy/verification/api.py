@@ -3,9 +3,10 @@ from numbers import Integral
 
 import numpy as np
 
-from specsample_cupy import errors
-from specsample_cupy.philox import PURPOSE_RESIDUAL
-from specsample_cupy.warps import MinPWarps, check_warps, make_warps, off_warps, per_request, warp_request_rows
+from specsample_cupy.runtime import errors
+from specsample_cupy.runtime.philox import PURPOSE_RESIDUAL
+from specsample_cupy.verification.truncation import (MinPWarps, check_warps, make_warps, off_warps, per_request,
+                                                     warp_request_rows)
 
 # "sigmoid-paper" is method="sigmoid" with sigmoid_variant="paper" (one name for tables and the CLI).
 METHODS = ("exact", "sigmoid", "sigmoid-paper", "baseline", "greedy")
@@ -280,7 +281,7 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
     draft_logits, target_logits = (a.astype(np.float32) if a is not None and a.dtype == np.float64 else a
                                    for a in (draft_logits, target_logits))
     if seed is None:
-        from specsample_cupy.seeds import random_base_seed
+        from specsample_cupy.verification.seeds import random_base_seed
         seed = random_base_seed()
     if onehot and method not in ONEHOT_METHODS:
         raise ValueError(f"draft_logits=None (one-hot drafts) works with methods {ONEHOT_METHODS}, not {method!r}")
@@ -324,7 +325,7 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
     if logprobs and probs:
         raise ValueError("logprobs=True needs logits (probs=False)")
     if plan is not None:
-        from specsample_cupy.kernels import PlanOptions
+        from specsample_cupy.verification.kernel_launch import PlanOptions
         if not isinstance(plan, PlanOptions):
             raise TypeError(f"plan must be None or a specsample_cupy.kernels.PlanOptions, got {type(plan).__name__}")
     if method == "sigmoid":
@@ -380,7 +381,7 @@ def _onehot_rows(draft_tokens, target, mode):
 def _verify_cpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_name, method, mode,
                 seed, offset, sigmoid_offset, sigmoid_scale, race_purpose, plan, warps=None, logprobs=False,
                 streams=None):
-    from specsample_cupy.reference import reference_verify
+    from specsample_cupy.verification.cpu_numpy import reference_verify
     B, G = draft_tokens.shape
     target = _as_float(target, dtype_name)
     draft = None if draft is None else _as_float(draft, dtype_name)
@@ -396,7 +397,7 @@ def _verify_cpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
     if draft is None:
         draft = _onehot_rows(draft_tokens, target, mode)
     if method == "baseline":
-        from specsample_cupy.baseline import baseline_verify
+        from specsample_cupy.verification.baseline import baseline_verify
         return VerifyResult.from_arrays(np, *baseline_verify(
             draft_tokens, draft, target, lengths, temps, probs=mode == "probs", seed=seed))
     accepted, tokens, emitted, err = reference_verify(
@@ -437,14 +438,14 @@ def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
         warps = off_warps(cupy, B)
     B, G = draft_tokens.shape
     if method == "baseline":
-        from specsample_cupy.baseline import baseline_verify
+        from specsample_cupy.verification.baseline import baseline_verify
         lengths = cupy.full(B, G, cupy.int32) if lengths is None else lengths
         temps = cupy.full(B, temp_scalar, cupy.float32) if temps is None else temps
         if dtype_name == "bfloat16":
             draft, target = (_bf16_to_f32(a) for a in (draft, target))
         return VerifyResult.from_arrays(cupy, *baseline_verify(draft_tokens, draft, target, lengths, temps,
                                                                probs=mode == "probs", seed=int(seed), xp=cupy))
-    from specsample_cupy import kernels
+    from specsample_cupy.verification import kernel_launch as kernels
     kmode = {"logits": kernels.MODE_LOGITS, "probs": kernels.MODE_PROBS, "sigmoid": kernels.MODE_SIGMOID,
              "sigmoid-paper": kernels.MODE_SIGMOID_PAPER}[mode]
     if warps is not None:

@@ -10,7 +10,7 @@ request runs through the same operations on sanitised values and is blanked at t
 """
 import numpy as np
 
-from specsample_cupy.reference import request_errors
+from specsample_cupy.verification.cpu_numpy import request_errors
 
 _generators = {}
 

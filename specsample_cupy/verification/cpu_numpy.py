@@ -12,8 +12,8 @@ import threading
 
 import numpy as np
 
-from specsample_cupy import errors
-from specsample_cupy.philox import PURPOSE_ACCEPT, acceptance_uniform, race_exponential, random_row_bits
+from specsample_cupy.runtime import errors
+from specsample_cupy.runtime.philox import PURPOSE_ACCEPT, acceptance_uniform, race_exponential, random_row_bits
 
 
 def _or(xp, err, mask, code):

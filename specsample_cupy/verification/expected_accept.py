@@ -7,7 +7,8 @@ import numbers
 
 import numpy as np
 
-from specsample_cupy import kernel_runtime, kernels
+from specsample_cupy.runtime import kernel_runtime
+from specsample_cupy.verification import kernel_launch as kernels
 
 SPAN = 8192   # vocabulary entries per block (kernels.MIN_ITEM_ELEMENTS: one block's share of a row)
 THREADS = 256

@@ -21,8 +21,8 @@ import functools
 import math
 import numbers
 
-from specsample_cupy import kernel_runtime
-from specsample_cupy.kernel_runtime import codes_header, kernel_source
+from specsample_cupy.runtime import kernel_runtime
+from specsample_cupy.runtime.kernel_runtime import codes_header, kernel_source
 
 MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, MODE_SIGMOID_PAPER = 0, 1, 2, 3
 MODE_WARPED = 4     # logits truncated by top-k / top-p / min-p (row statistics from warp_rows.cu)

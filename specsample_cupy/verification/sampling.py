@@ -9,9 +9,9 @@ import functools
 from numbers import Real
 
 
-from specsample_cupy import kernel_runtime
-from specsample_cupy.philox import PURPOSE_SAMPLE
-from specsample_cupy.verify import verify
+from specsample_cupy.runtime import kernel_runtime
+from specsample_cupy.runtime.philox import PURPOSE_SAMPLE
+from specsample_cupy.verification.api import verify
 
 _NO_DRAFTS = {}
 
@@ -23,7 +23,7 @@ def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, top_k=None, top_
     temperature: scalar or [B]; 0 takes the argmax (first index on ties).
     top_k, top_p, min_p: truncated sampling, as verify() (None, a scalar or [B] each).
     warps: (advanced) that truncation prebuilt for these B, V and temperature, as verify()'s `warps`
-        (specsample_cupy.warps.build_warps; a draft loop samples with the same warps every step).
+        (specsample_cupy.verification.truncation.build_warps; a draft loop samples with the same warps every step).
     streams: None or [B, 2] int64 per-request (seed, offset), as verify()'s: row b then draws what
         a one-row call with seed=streams[b, 0], offset=streams[b, 1] draws (seed, offset ignored).
     Returns [B] int32 of the input's module; on CuPy, rows with NaN/+Inf logits give -1 and rows
@@ -93,7 +93,7 @@ def _sample_on_gpu(logits, temperature, seed, offset, out=None, streams=None):
     rows up to ROW_SAMPLER_MAX_V long take one block each (one launch, no hand-off between blocks);
     longer rows the verification kernel with gamma = 0. No general validation here."""
     import cupy
-    from specsample_cupy import kernels
+    from specsample_cupy.verification import kernel_launch as kernels
     B, V = logits.shape
     if V <= ROW_SAMPLER_MAX_V:
         tag = "f32" if logits.dtype.char == "f" else "f16"

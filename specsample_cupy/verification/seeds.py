@@ -77,5 +77,5 @@ def resolve_seeds(seed, seeds, count: int) -> tuple[int, list[int]]:
 
 
 def as_int64(seeds) -> np.ndarray:
-    """Seeds as int64 (two's complement of their low 64 bits: what the kernels and philox.py read)."""
+    """Seeds as int64 (two's complement of their low 64 bits: what the kernels and runtime/philox.py read)."""
     return np.array([int(s) & MASK64 for s in seeds], np.uint64).view(np.int64)

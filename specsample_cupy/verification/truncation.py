@@ -136,7 +136,8 @@ def check_warps(warps, xp, B):
     """TypeError/ValueError unless warps is a Warps of C-contiguous [B] arrays of module xp with
     make_warps()'s dtypes. Attributes only: nothing is read from the device."""
     if not isinstance(warps, Warps):
-        raise TypeError(f"warps must be a specsample_cupy.warps.Warps (build_warps()), got {type(warps).__name__}")
+        raise TypeError(f"warps must be a specsample_cupy.verification.truncation.Warps (build_warps()), "
+                        f"got {type(warps).__name__}")
     for name, a, dtype in zip(Warps._fields, warps, (np.int32, np.float32, np.float32)):
         if (type(a).__module__.split(".")[0] != xp.__name__ or a.shape != (B,) or a.dtype != dtype
                 or not a.flags.c_contiguous):
