@@ -1,8 +1,9 @@
 """specsample-cupy: speculative-sampling verification kernels (CuPy) and a speculative decoder (ONNX Runtime)."""
+from specsample_cupy.settings import SamplingSettings
 from specsample_cupy.verification.api import VerifyResult, verify
 from specsample_cupy.verification.sampling import sample_tokens
 
-__all__ = ["verify", "VerifyResult", "sample_tokens", "SpeculativeDecoder"]
+__all__ = ["verify", "VerifyResult", "sample_tokens", "SpeculativeDecoder", "SamplingSettings"]
 
 
 def __getattr__(name):

@@ -26,6 +26,7 @@ import json
 from pathlib import Path
 
 from specsample_cupy.decode.ngram import NGRAM
+from specsample_cupy.settings import SamplingSettings
 
 FINGERPRINT_CHUNK = 1 << 20
 SEED_RULE = "request_seed(seed, key_of_id(id)) unless the line has its own seed (specsample_cupy/verification/seeds.py)"
@@ -63,17 +64,14 @@ def model_folders(target, draft) -> tuple[Path, Path | None]:
     return target, Path(draft) if draft is not None else default_model_dir("draft")
 
 
-def run_settings(*, method: str, gamma, adaptive_gamma: bool, temperature: float, max_new_tokens: int,
-                 truncation: dict, stop, seed: int, seed_origin: str, target, draft, ngram_min: int,
+def run_settings(*, sampling: SamplingSettings, seed_origin: str, target, draft, ngram_min: int,
                  ngram_max: int) -> dict:
-    """The settings every line of the run records; target/draft as the options give them (None: the
-    embedded pair). OSError when a model folder cannot be read."""
+    """The settings every line of the run records: the sampling settings' record() (its seed: the run's
+    base seed), the seed's rule and origin, and the models; target/draft as the options give them (None:
+    the embedded pair). OSError when a model folder cannot be read."""
     target_dir, draft_dir = model_folders(target, draft)
     settings = {
-        "method": method, "gamma": gamma, "adaptive_gamma": adaptive_gamma, "temperature": temperature,
-        "max_new_tokens": max_new_tokens, "top_k": truncation.get("top_k"), "top_p": truncation.get("top_p"),
-        "min_p": truncation.get("min_p"), "stop": list(stop), "seed": seed, "seed_rule": SEED_RULE,
-        "seed_origin": seed_origin,
+        **sampling.record(), "seed_rule": SEED_RULE, "seed_origin": seed_origin,
         "target": str(target_dir.resolve()), "target_fingerprint": model_fingerprint(target_dir),
     }
     if draft_dir is None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import click
 
-from specsample_cupy.cli.options import GammaType, SeedType, checked_temperature
+from specsample_cupy.cli.options import GammaType, SeedType, sampling_settings
 from specsample_cupy.decode.call_args import METHODS
 from specsample_cupy.decode.ngram import NGRAM
 from specsample_cupy.decode.stop_strings import cut_text
@@ -358,7 +358,9 @@ def decode(target, draft, ngram_min, ngram_max, prompt_texts, prompt_file, max_n
         raise click.UsageError("--json and --jsonl are exclusive")
     if logprobs and not (as_json or as_jsonl):
         raise click.UsageError("--logprobs prints with --json or --jsonl")
-    temperature = checked_temperature(method, temperature)
+    settings = sampling_settings(method=method, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                 seed=seed, gamma=gamma, adaptive_gamma=adaptive_gamma, stop=stop_strings,
+                                 max_new_tokens=max_new_tokens, logprobs=logprobs)
     prompts = read_prompts(prompt_texts, prompt_file)
     if ngram_min > ngram_max:
         raise click.BadParameter(f"--ngram-min {ngram_min} > --ngram-max {ngram_max}", param_hint="--ngram-min")
@@ -373,10 +375,7 @@ def decode(target, draft, ngram_min, ngram_max, prompt_texts, prompt_file, max_n
     elif len(prompts) == 1 and not as_json:
         stream = TextStream(decoder.tokenizer, prompts[0].text if echo else "", stop_strings)
     try:
-        out = decoder.generate([p.text for p in prompts], max_new_tokens=max_new_tokens, gamma=gamma,
-                               method=method, temperature=temperature, seed=seed, adaptive_gamma=adaptive_gamma,
-                               on_tokens=stream, stop=stop_strings, top_k=top_k, top_p=top_p, min_p=min_p,
-                               logprobs=logprobs)
+        out = decoder.generate([p.text for p in prompts], on_tokens=stream, **settings.generate_kwargs())
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     reasons = finish_reasons(out, budgets)

@@ -26,7 +26,7 @@ from specsample_cupy.batch.ray_worker import WorkerSetup
 from specsample_cupy.batch.run_settings import SettingsMismatch, check_resume, recorded_base_seed, run_settings
 from specsample_cupy.batch.runner import DecodeOptions, Runner, batches, continuous_allowed
 from specsample_cupy.cli.decode import CONTEXT_SETTINGS, decode, load_decoder, resolve_device
-from specsample_cupy.cli.options import GammaType, checked_temperature
+from specsample_cupy.cli.options import GammaType, sampling_settings
 from specsample_cupy.cli.paths import check_writable
 from specsample_cupy.verification.seeds import random_base_seed
 
@@ -35,11 +35,6 @@ LOGPROB_METHODS = ("exact", "greedy", "target")   # what generate(logprobs=True)
 # `specsample decode`'s options that mean the same here (their click.Option objects, shared).
 DECODE_OPTIONS = ("target", "draft", "ngram_min", "ngram_max", "device", "method", "max_new_tokens", "stop_strings",
                   "top_k", "top_p", "min_p", "temperature", "seed", "adaptive_gamma")
-
-
-def truncation(top_k, top_p, min_p) -> dict:
-    """generate()'s top_k / top_p / min_p keywords for the options given."""
-    return {k: v for k, v in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)) if v is not None}
 
 
 def _with_decode_options(command: click.Command) -> click.Command:
@@ -167,7 +162,9 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
     from specsample_cupy.cli.generate_ray import generate_on_ray, ray_pool   # it imports this module
 
     started = time.perf_counter()
-    temperature = checked_temperature(method, temperature)
+    sampling = sampling_settings(method=method, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                 seed=seed, gamma=gamma, adaptive_gamma=adaptive_gamma, stop=stop_strings,
+                                 max_new_tokens=max_new_tokens, logprobs=logprobs)
     if logprobs and method not in LOGPROB_METHODS:
         raise click.BadParameter(f"--logprobs works with methods {', '.join(LOGPROB_METHODS)}, not {method!r}",
                                  param_hint="--method")
@@ -176,14 +173,12 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
     name = "stdin" if input_path == "-" else input_path
     recovered = _recovered(output_path)
     seed, seed_origin = base_seed(seed, recovered, output_path)
-    cut = truncation(top_k, top_p, min_p)
-    settings = settings_of_run(recovered, output_path, force_settings, method=method, gamma=gamma,
-                               adaptive_gamma=adaptive_gamma, temperature=temperature, max_new_tokens=max_new_tokens,
-                               truncation=cut, stop=stop_strings, seed=seed, seed_origin=seed_origin, target=target,
-                               draft=draft, ngram_min=ngram_min, ngram_max=ngram_max)
-    options = DecodeOptions(method, gamma, adaptive_gamma, tuple(stop_strings), cut, logprobs, settings)
+    sampling = sampling.replace(seed=seed)   # the run's base seed, given or drawn
+    settings = settings_of_run(recovered, output_path, force_settings, sampling=sampling, seed_origin=seed_origin,
+                               target=target, draft=draft, ngram_min=ngram_min, ngram_max=ngram_max)
+    options = DecodeOptions(method, gamma, adaptive_gamma, sampling.stop, sampling.truncation(), logprobs, settings)
     requests, rejections, read_as = read_requests(_read_input(input_path), name, input_format,
-                                                  Settings(max_new_tokens, temperature, seed), method)
+                                                  Settings(max_new_tokens, sampling.temperature, seed), method)
     for r in rejections:
         click.echo(f"{name}:{r.line}: {r.reason}; skipped", err=True)
     if not requests:

@@ -1,10 +1,12 @@
 """Option types and checks that `decode`, `generate` (which shares decode's options) and their tests use:
-gamma as an int or "auto", the seed as an int or "random", and the temperature by generate()'s rule."""
+gamma as an int or "auto", the seed as an int or "random", the temperature by generate()'s rule, and the
+options as one SamplingSettings."""
 from __future__ import annotations
 
 import click
 
 from specsample_cupy.decode.call_args import resolve_temperature
+from specsample_cupy.settings import SamplingSettings
 
 
 class GammaType(click.ParamType):
@@ -47,3 +49,13 @@ def checked_temperature(method: str, temperature) -> float:
     except ValueError as exc:
         hint = " or --method greedy" if temperature == 0 else ""
         raise click.BadParameter(f"{exc}{hint}", param_hint="--temperature") from None
+
+
+def sampling_settings(**options) -> SamplingSettings:
+    """The command's sampling options as one SamplingSettings (its checks), or a usage error (the
+    temperature first, in the options' words: checked_temperature)."""
+    options["temperature"] = checked_temperature(options.get("method", "exact"), options.get("temperature"))
+    try:
+        return SamplingSettings(**options)
+    except (TypeError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
