@@ -16,13 +16,11 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from specsample_cupy.cli.decode import _json_object
+from specsample_cupy.batch.prompt_lines import FORMATS, input_lines, is_jsonl, json_object
 from specsample_cupy.verification.api import SAMPLING_ONLY
 from specsample_cupy.verification.seeds import key_of_id, request_seed
 
 SEED_FROM_LINE, SEED_FROM_RUN = "line", "run"
-
-FORMATS = ("auto", "jsonl", "text")
 
 
 class Settings(NamedTuple):
@@ -105,32 +103,15 @@ def _from_json_line(obj: dict | None, n: int, defaults: Settings, method: str, f
     return Request(obj["id"], key, n, obj["prompt"], settings)
 
 
-def is_jsonl(objects: list[dict | None], name: str, fmt: str) -> bool:
-    """JSONL when asked, or (fmt "auto") when the name ends in .jsonl or most non-blank lines are JSON
-    objects: a few malformed lines are then rejected lines, not a sign of a text file."""
-    if fmt != "auto":
-        return fmt == "jsonl"
-    return name.endswith(".jsonl") or 2 * sum(o is not None for o in objects) > len(objects)
-
-
 def read_requests(data: bytes, name: str, fmt: str, defaults: Settings, method: str
                   ) -> tuple[list[Request], list[Rejection], str]:
     """The requests of an input file's bytes, every line that is not one (with why, in line order), and
     the format read ("jsonl" or "text"). Blank lines are neither. defaults: the command's settings,
     its seed the run's base seed."""
-    lines, rejections = [], []
-    # Lines end at \n (or \r\n) only, as `decode --prompt-file` reads them; each is UTF-8 on its own,
-    # so one bad byte costs one line.
-    for n, raw in enumerate(data.split(b"\n"), 1):
-        try:
-            text = raw.removesuffix(b"\r").decode("utf-8")
-        except UnicodeDecodeError as exc:
-            rejections.append(Rejection(n, f"not UTF-8 text ({exc.reason} at byte {exc.start})"))
-            continue
-        if text.strip():
-            lines.append((n, text))
+    lines, undecodable = input_lines(data)   # prompt_lines: the rules `decode --prompt-file` reads by too
+    rejections = [Rejection(n, why) for n, why in undecodable]
     requests = []
-    objects = [_json_object(text) for _, text in lines] if fmt != "text" else []
+    objects = [json_object(text) for _, text in lines] if fmt != "text" else []
     if not is_jsonl(objects, name, fmt):
         return [Request(n, json.dumps(n), n, text, run_seeded(defaults, n)) for n, text in lines], rejections, "text"
     first_line = {}

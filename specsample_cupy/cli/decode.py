@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import click
 
+from specsample_cupy.batch.prompt_lines import input_lines, is_jsonl, json_object
 from specsample_cupy.cli.options import GammaType, SeedType, sampling_settings
 from specsample_cupy.decode.call_args import METHODS
 from specsample_cupy.decode.ngram import NGRAM
@@ -105,43 +106,45 @@ def _error_list(title: str, errors: list[str]) -> str:
     return "\n".join([title] + [f"  {e}" for e in shown] + ([f"  ... and {more} more"] if more else []))
 
 
-def _json_object(line: str):
-    try:
-        value = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def parse_prompt_file(text: str, name: str, *, jsonl: bool | None = None) -> list[Prompt]:
-    """Prompts from a file's text: one per non-blank line, or JSONL ({"prompt": ...} per line) when
-    `jsonl` is True or, with jsonl=None, when every non-blank line parses as a JSON object. Problems are
-    reported all at once, one line per bad line of the file."""
-    # Lines end at \n (or \r\n) only: str.splitlines() would also split a prompt at \f, \x1c or \u2028.
-    lines = [(n, line.removesuffix("\r")) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
-    if not lines:
+def parse_prompt_file(data: bytes, name: str) -> list[Prompt]:
+    """Prompts from a file's bytes: one per non-blank line, or JSONL ({"prompt": ...} per line), read
+    by the rules `generate --input` reads by (batch/prompt_lines.py: a *.jsonl name, or most lines JSON
+    objects). Problems are reported all at once, one line per bad line of the file."""
+    lines, undecodable = input_lines(data)
+    if not lines and not undecodable:
         raise click.ClickException(f"{name} holds no prompts")
-    objects = [_json_object(line) for _, line in lines]
-    if jsonl is None:
-        jsonl = all(o is not None for o in objects)
-        looks_json = [n for (n, _), o in zip(lines, objects) if o is not None]
-        if not jsonl and looks_json:
-            click.echo(f"warning: {name}: read as one prompt per line, though line(s) "
-                       f"{', '.join(map(str, looks_json[:5]))} are JSON objects (name it *.jsonl to read JSONL)",
-                       err=True)
-    if not jsonl:
-        return [Prompt(line, f"{name}:{n}") for n, line in lines]
-    prompts, errors = [], []
+    objects = [json_object(line) for _, line in lines]
+    jsonl = is_jsonl(objects, name)
+    looks_json = [n for (n, _), o in zip(lines, objects) if o is not None]
+    if not jsonl and looks_json:
+        click.echo(f"warning: {name}: read as one prompt per line, though line(s) "
+                   f"{', '.join(map(str, looks_json[:5]))} are JSON objects (name it *.jsonl to read JSONL)",
+                   err=True)
+    prompts, errors = [], list(undecodable)
     for (n, line), obj in zip(lines, objects):
-        if obj is None:
-            errors.append(f"{name}:{n}: not a JSON object")
+        if not jsonl:
+            prompts.append(Prompt(line, f"{name}:{n}"))
+        elif obj is None:
+            errors.append((n, "not a JSON object"))
         elif not isinstance(obj.get("prompt"), str):
-            errors.append(f"{name}:{n}: no string \"prompt\" field")
+            errors.append((n, 'no string "prompt" field'))
         else:
             prompts.append(Prompt(obj["prompt"], f"{name}:{n}"))
     if errors:
+        errors = [f"{name}:{n}: {why}" for n, why in sorted(errors)]
         raise click.ClickException(_error_list(f"{name}: {len(errors)} bad line(s):", errors))
     return prompts
+
+
+def read_input(path: str) -> bytes:
+    """A file's bytes ('-': stdin's); a click error naming it when it cannot be read."""
+    try:
+        if path == "-":
+            return click.get_binary_stream("stdin").read()
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise click.ClickException(f"{path}: cannot read it ({exc.strerror or exc})") from exc
 
 
 def _read_text(path: str) -> str:
@@ -160,14 +163,14 @@ def _read_text(path: str) -> str:
 
 def read_prompts(texts: tuple[str, ...], prompt_file: str | None) -> list[Prompt]:
     """--prompt values ('-' reads all of stdin as one prompt, verbatim), then --prompt-file's prompts
-    ('-' reads them from stdin; a *.jsonl name is read as JSONL, other names by detection)."""
+    ('-' reads them from stdin; JSONL or text by batch/prompt_lines.py's rule)."""
     if texts.count("-") + (prompt_file == "-") > 1:
         raise click.UsageError("stdin can be read once: use '-' for one --prompt or for --prompt-file")
     prompts = [Prompt(_read_text("-"), "stdin") if t == "-" else Prompt(t, f"--prompt {i}")
                for i, t in enumerate(texts)]
     if prompt_file is not None:
         name = "stdin" if prompt_file == "-" else prompt_file
-        prompts += parse_prompt_file(_read_text(prompt_file), name, jsonl=True if name.endswith(".jsonl") else None)
+        prompts += parse_prompt_file(read_input(prompt_file), name)
     if not prompts:
         raise click.UsageError("no prompt given: use --prompt TEXT, --prompt - (stdin) or --prompt-file FILE")
     return prompts
@@ -192,37 +195,6 @@ def encode_all(decoder, prompts: list[Prompt]) -> list[list[int]]:
 
 
 # --------------------------------------------------------------------------- finishing requests
-
-class Budgets:
-    """Why each request finished, by the decoder's rules: it stops at an EOS, at --max-new-tokens, or
-    where the models' context ends first. Used to stream --jsonl lines as requests finish and as the
-    finish reasons of a decoder whose output does not carry them (GenerationOutput.finish_reasons)."""
-
-    def __init__(self, decoder, prompt_ids: list[list[int]], max_new_tokens: int):
-        context = decoder.context_length
-        self.max_new_tokens = max_new_tokens
-        self.budgets = [max_new_tokens if context is None else min(max_new_tokens, context - len(ids))
-                        for ids in prompt_ids]
-        self.eos = set(decoder.target_spec.eos_token_ids)
-        self.context = context
-
-    def reason(self, b: int, ids: list[int]) -> str | None:
-        """"eos", "length" or "context" once request b's generated ids end it, else None."""
-        if ids and ids[-1] in self.eos:
-            return "eos"
-        if len(ids) >= self.budgets[b]:
-            return "context" if self.budgets[b] < self.max_new_tokens else "length"
-        return None
-
-
-def finish_reasons(out, budgets: Budgets) -> list[str]:
-    """The decoder's finish reason per request ("length", "eos", "context" or "stop"), or, from an output
-    that does not carry one per request, the reasons by the decoder's rules (Budgets)."""
-    reasons = getattr(out, "finish_reasons", None)
-    if reasons is not None and len(reasons) == len(out.token_ids):
-        return list(reasons)
-    return [budgets.reason(b, ids) or "length" for b, ids in enumerate(out.token_ids)]
-
 
 class TextStream:
     """Prints one request's text as its tokens arrive (after `prefix`, the prompt with --echo); holds
@@ -256,13 +228,15 @@ class TextStream:
 
 
 class JsonlStream:
-    """Writes one JSON line per request as soon as it finishes ({"index", "source", "text", "token_ids",
-    "finish_reason"}, flushed), so a consumer can act on early finishers of a long batch; lines come in
-    finish order and `index` says which prompt. finish() writes the requests not yet written."""
+    """Writes one JSON line per request as soon as the decoder finishes it ({"index", "source", "text",
+    "token_ids", "finish_reason"}, flushed), so a consumer can act on early finishers of a long batch;
+    lines come in finish order and `index` says which prompt. The decoder says which requests a round
+    finished and why (generate()'s on_round: the request state's finished and finish_reason());
+    finish() writes the requests not yet written."""
 
-    def __init__(self, tokenizer, prompts: list[Prompt], budgets: Budgets, stops=(), early=True):
+    def __init__(self, tokenizer, prompts: list[Prompt], stops=(), early=True):
         """early=False: every line at finish() (log-probabilities are known only then)."""
-        self.tokenizer, self.prompts, self.budgets, self.stops = tokenizer, prompts, budgets, tuple(stops)
+        self.tokenizer, self.prompts, self.stops = tokenizer, prompts, tuple(stops)
         self.early = early
         self.ids = [[] for _ in prompts]
         self.written = [False] * len(prompts)
@@ -276,12 +250,20 @@ class JsonlStream:
         self.written[b] = True
 
     def __call__(self, b: int, new_ids: list[int]):
+        """generate()'s on_tokens."""
         self.ids[b].extend(new_ids)
-        reason = self.budgets.reason(b, self.ids[b])
-        if reason is not None and not self.written[b] and self.early:
+
+    def on_round(self, rnd, requests):
+        """generate()'s on_round: the lines of the requests the decoder has finished."""
+        if not self.early:
+            return
+        for b, finished in enumerate(requests.finished.tolist()):
+            if not finished or self.written[b]:
+                continue
+            reason = requests.finish_reason(b)
             text = self.tokenizer.decode(self.ids[b], skip_special_tokens=True)
-            if cut_text(text, self.stops)[1]:
-                return   # a stop string ended it: finish() writes the cut text and ids
+            if reason == "stop" or cut_text(text, self.stops)[1]:
+                continue   # a stop string ended it: finish() writes the cut text and ids
             self._write(b, text, self.ids[b], reason)
 
     def finish(self, out, reasons: list[str]):
@@ -291,11 +273,11 @@ class JsonlStream:
                             None if out.logprobs is None else out.logprobs[b])
 
 
-def warn_context_stops(prompts: list[Prompt], out, reasons: list[str], budgets: Budgets):
-    for p, ids, reason in zip(prompts, out.token_ids, reasons):
+def warn_context_stops(prompts: list[Prompt], out, context: int | None, max_new_tokens: int):
+    for p, ids, reason in zip(prompts, out.token_ids, out.finish_reasons):
         if reason == "context":
-            click.echo(f"warning: {p.source}: stopped at the end of the models' context ({budgets.context} "
-                       f"tokens) after {len(ids)} of --max-new-tokens {budgets.max_new_tokens}", err=True)
+            click.echo(f"warning: {p.source}: stopped at the end of the models' context ({context} "
+                       f"tokens) after {len(ids)} of --max-new-tokens {max_new_tokens}", err=True)
 
 
 # --------------------------------------------------------------------------- the command
@@ -308,7 +290,7 @@ def warn_context_stops(prompts: list[Prompt], out, reasons: list[str], budgets: 
               help="Prompt text; repeat for a batch. '-' reads all of stdin as one prompt, verbatim.")
 @click.option("--prompt-file", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="More prompts: one per non-blank line, or JSONL ({\"prompt\": ...} per line; *.jsonl, or "
-                   "every line a JSON object). '-' reads stdin.")
+                   "most lines JSON objects, as generate reads --input). '-' reads stdin.")
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=0),
               help="Tokens to generate per prompt at most (fewer after an EOS or at the end of the context).")
 @click.option("--gamma", default="5", show_default=True, type=GammaType(),
@@ -368,17 +350,19 @@ def decode(target, draft, ngram_min, ngram_max, prompt_texts, prompt_file, max_n
         raise click.BadParameter(f"--draft ngram verifies one-hot drafts: use --method {' or '.join(ONEHOT_METHODS)}",
                                  param_hint="--method")
     decoder = load_decoder(target, draft, resolve_device(device), ngram_min=ngram_min, ngram_max=ngram_max)
-    budgets = Budgets(decoder, encode_all(decoder, prompts), max_new_tokens)
-    stream = None
+    encode_all(decoder, prompts)   # every prompt checked before anything is generated
+    stream = on_round = None
     if as_jsonl:
-        stream = JsonlStream(decoder.tokenizer, prompts, budgets, stop_strings, early=not logprobs)
+        stream = JsonlStream(decoder.tokenizer, prompts, stop_strings, early=not logprobs)
+        on_round = stream.on_round
     elif len(prompts) == 1 and not as_json:
         stream = TextStream(decoder.tokenizer, prompts[0].text if echo else "", stop_strings)
     try:
-        out = decoder.generate([p.text for p in prompts], on_tokens=stream, **settings.generate_kwargs())
+        out = decoder.generate([p.text for p in prompts], on_tokens=stream, on_round=on_round,
+                               **settings.generate_kwargs())
     except ValueError as e:
         raise click.ClickException(str(e)) from e
-    reasons = finish_reasons(out, budgets)
+    reasons = out.finish_reasons
     if as_json:
         result = {"texts": out.texts, "token_ids": out.token_ids, "finish_reasons": reasons, "stats": out.stats}
         if logprobs:
@@ -392,6 +376,6 @@ def decode(target, draft, ngram_min, ngram_max, prompt_texts, prompt_file, max_n
         for i, (p, text) in enumerate(zip(prompts, out.texts)):
             where = "" if p.source.startswith("--prompt") else f" {p.source}"
             click.echo(f"--- [{i}]{where} ---\n{p.text if echo else ''}{text}")
-    warn_context_stops(prompts, out, reasons, budgets)
+    warn_context_stops(prompts, out, decoder.context_length, max_new_tokens)
     if stats and not as_json:
         click.echo(stats_table(out.stats), err=True)

@@ -25,7 +25,7 @@ from specsample_cupy.batch.outputs import Recovered, scan_file
 from specsample_cupy.batch.ray_worker import WorkerSetup
 from specsample_cupy.batch.run_settings import SettingsMismatch, check_resume, recorded_base_seed, run_settings
 from specsample_cupy.batch.runner import DecodeOptions, Runner, batches, continuous_allowed
-from specsample_cupy.cli.decode import CONTEXT_SETTINGS, decode, load_decoder, resolve_device
+from specsample_cupy.cli.decode import CONTEXT_SETTINGS, decode, load_decoder, read_input, resolve_device
 from specsample_cupy.cli.options import GammaType, sampling_settings
 from specsample_cupy.cli.paths import check_writable
 from specsample_cupy.verification.seeds import random_base_seed
@@ -42,16 +42,6 @@ def _with_decode_options(command: click.Command) -> click.Command:
     by_name = {p.name: p for p in decode.params}
     command.params[2:2] = [by_name[name] for name in DECODE_OPTIONS]
     return command
-
-
-def _read_input(path: str) -> bytes:
-    try:
-        if path == "-":
-            return click.get_binary_stream("stdin").read()
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise click.ClickException(f"{path}: cannot read it ({exc.strerror or exc})") from exc
 
 
 def _check_paths(input_path: str, output_path: str):
@@ -177,7 +167,7 @@ def generate(input_path, output_path, target, draft, ngram_min, ngram_max, devic
     settings = settings_of_run(recovered, output_path, force_settings, sampling=sampling, seed_origin=seed_origin,
                                target=target, draft=draft, ngram_min=ngram_min, ngram_max=ngram_max)
     options = DecodeOptions(method, gamma, adaptive_gamma, sampling.stop, sampling.truncation(), logprobs, settings)
-    requests, rejections, read_as = read_requests(_read_input(input_path), name, input_format,
+    requests, rejections, read_as = read_requests(read_input(input_path), name, input_format,
                                                   Settings(max_new_tokens, sampling.temperature, seed), method)
     for r in rejections:
         click.echo(f"{name}:{r.line}: {r.reason}; skipped", err=True)
