@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from specsample_cupy.batch.prompt_lines import FORMATS, input_lines, is_jsonl, json_object
+from specsample_cupy.batch.prompt_lines import input_lines, is_jsonl, json_object
 from specsample_cupy.verification.api import SAMPLING_ONLY
 from specsample_cupy.verification.seeds import key_of_id, request_seed
 

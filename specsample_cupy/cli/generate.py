@@ -20,7 +20,8 @@ import time
 import click
 
 from specsample_cupy.batch.common import check_generated, fitting, interrupted, open_output, pending_of, summary_counts
-from specsample_cupy.batch.inputs import FORMATS, Settings, read_requests
+from specsample_cupy.batch.inputs import Settings, read_requests
+from specsample_cupy.batch.prompt_lines import FORMATS
 from specsample_cupy.batch.outputs import Recovered, scan_file
 from specsample_cupy.batch.ray_worker import WorkerSetup
 from specsample_cupy.batch.run_settings import SettingsMismatch, check_resume, recorded_base_seed, run_settings

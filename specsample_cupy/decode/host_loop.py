@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from specsample_cupy.decode.gamma_policy import expected_acceptance, expected_accepted
-from specsample_cupy.decode.ngram import propose_ngram
+from specsample_cupy.decode.proposers import host_proposer
 from specsample_cupy.decode.stats import Round
 from specsample_cupy.runtime import errors
 from specsample_cupy.verification.api import verify
@@ -37,19 +37,6 @@ from specsample_cupy.verification.truncation import build_warps
 
 def to_host(array) -> np.ndarray:
     return array.get() if hasattr(array, "get") else np.asarray(array)
-
-
-def put_column(dst, i: int, src):
-    """dst[:, i] = src: dst [B, G, ...] C-contiguous, src [B, ...] with contiguous rows. On the GPU one
-    strided copy when the dtypes agree, rather than an elementwise kernel launch."""
-    if isinstance(dst, np.ndarray) or dst.dtype != src.dtype or not dst.flags.c_contiguous \
-            or (src.ndim > 1 and not src[0].flags.c_contiguous):
-        dst[:, i] = src
-        return
-    import cupy
-    row = src.itemsize * (src[0].size if src.ndim > 1 else 1)
-    cupy.cuda.runtime.memcpy2DAsync(dst.data.ptr + i * dst.strides[1], dst.strides[0], src.data.ptr,
-                                    src.strides[0], row, dst.shape[0], 3, cupy.cuda.get_current_stream().ptr)
 
 
 class RequestStreams:
@@ -76,7 +63,7 @@ class HostRounds:
         validated by the caller; logprobs: collect each taken token's log-probability in
         self.logprobs (one list per request); temperature: a scalar, or [B] of the loop's array
         module; streams: per-request random streams (seed is then unused)."""
-        self.dec, self.req, self.tc, self.dc = dec, req, target_cache, draft_cache
+        self.dec, self.req, self.tc = dec, req, target_cache
         self.policy, self.method, self.seed, self.clock = policy, method, seed, clock
         self.truncation = dict(truncation or {})
         self.temperature = temperature   # after req and truncation: it builds the warps
@@ -88,12 +75,8 @@ class HostRounds:
         self.read_wait_s = 0.0
         self.discarded = 0
         self._expected = None   # expected_accept.cu's launches, at first use (_expected_acceptance)
-        xp, B, cap = dec.xp, req.batch, policy.cap
-        if cap and dec.draft is not None:
-            self.draft_tokens_buf = xp.zeros(B * cap, np.int32)
-            self.draft_logits_buf = xp.zeros(B * cap * dec.target.vocab_size, dec.target.logits_dtype)
-            # The draft sampler's output, reused: copied into draft_tokens before the next call.
-            self.sample_out = xp.empty(4 * B, np.int32) if dec.stream is not None else None
+        # Who drafts: the draft model or prompt lookup (proposers.py), behind one interface.
+        self.proposer = host_proposer(dec, draft_cache, req.batch, policy.cap)
 
     @property
     def temperature(self):
@@ -171,33 +154,22 @@ class HostRounds:
                                               self.temperature, lengths)
         return expected_acceptance(xp, draft_logits, target_logits, self.temperature, draft_len)
 
+    def _sample_draft(self, r: int):
+        """The proposer's sampler for round r: draft position i's tokens from the draft's logits [B, V]."""
+        def sample(logits, i: int, out=None):
+            with self.clock.span("sampling"):
+                return sample_tokens(logits, temperature=self.temperature, **self._draws(r, i), _out=out,
+                                     **self.truncation_kw)
+        return sample
+
     def _speculative_round(self, r: int, gamma: int):
         dec, req, clock = self.dec, self.req, self.clock
-        batch, vocab = req.batch, dec.target.vocab_size
-        if dec.draft is None:   # 1. Prompt lookup proposes up to gamma tokens per request (one-hot drafts).
-            draft_tokens, draft_len, draft_logits = self._ngram_proposals(gamma)
-            gamma = draft_tokens.shape[1]
-        else:
-            draft_len = req.draft_lengths(gamma)
-            gamma = int(draft_len.max(initial=0))
-            draft_tokens = self.draft_tokens_buf[:batch * gamma].reshape(batch, gamma)
-            draft_logits = self.draft_logits_buf[:batch * gamma * vocab].reshape(batch, gamma, vocab)
-        no_ids = np.zeros((batch, 1), np.int64)   # placeholders for ids that come from the device
+        batch = req.batch
 
-        # 1. The draft proposes gamma tokens, one run each. Its first run catches up on the tokens it has not
-        #    seen: the last emitted one and, after a fully accepted round, the last draft token too.
-        for i in range(gamma if dec.draft is not None else 0):
-            if i == 0:
-                ids, mask, positions = req.columns(self.dc.n_real, req.seq_len, rows=draft_len > 0)
-                on_device = None
-            else:
-                ids, mask, positions = no_ids, (i < draft_len)[:, None], (req.seq_len + i - 1)[:, None]
-                on_device = draft_tokens[:, i - 1:i]
-            logits = dec.draft.forward(self.dc, ids, mask, positions, on_device)[:, -1]
-            put_column(draft_logits, i, logits)
-            with clock.span("sampling"):
-                put_column(draft_tokens, i, sample_tokens(logits, temperature=self.temperature, **self._draws(r, i),
-                                                          _out=self.sample_out, **self.truncation_kw))
+        # 1. The proposer drafts up to gamma tokens per request: the draft model, one run each (its first
+        #    run catches up on the tokens it has not seen), or prompt lookup (one-hot drafts, no logits).
+        draft_tokens, draft_len, draft_logits = self.proposer.propose(req, gamma, self._sample_draft(r))
+        gamma = draft_tokens.shape[1]
 
         # 2. The target scores gamma+1 positions in one run: the last emitted token, then the drafts.
         ids = np.zeros((batch, gamma + 1), np.int64)
@@ -218,24 +190,13 @@ class HostRounds:
             beta = self._expected_acceptance(draft_logits, target_logits, draft_len, lengths)
             expected = expected_accepted(beta, draft_len, result.emitted - 1)
 
-        # 4. Append the accepted tokens; roll both caches back to what they have seen of the new sequences.
+        # 4. Append the accepted tokens; roll the target's cache and the proposer back to what they have
+        #    seen of the new sequences.
         taken = req.append(result.tokens, result.emitted)
         self._keep_logprobs(result, taken)
         self.tc.rollback(req.seq_len - 1)
-        if self.dc is not None:
-            self.dc.rollback(req.seq_len - 1)
+        self.proposer.update(req)
         return draft_len, result.emitted - 1, taken, expected
-
-    def _ngram_proposals(self, gamma: int):
-        """(draft_tokens [B, g] on the loop's device, draft_len [B], None): prompt lookup over each
-        request's tokens so far, g the longest proposal (0: the round is a plain target step)."""
-        req, dec = self.req, self.dec
-        ngram_min, ngram_max = dec.ngram
-        tokens, draft_len = propose_ngram(req.seq, req.seq_len, req.finished, req.remaining, req.eos_ids,
-                                          gamma=gamma, ngram_min=ngram_min, ngram_max=ngram_max)
-        draft_len = draft_len.astype(np.int64)
-        g = int(draft_len.max(initial=0))
-        return dec.upload(np.ascontiguousarray(tokens[:, :g])), draft_len, None
 
     def _target_step(self, r: int):
         """One target run, one sampled token per unfinished request."""
