@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-import specsample_cupy.decoder as decoder_module
-from specsample_cupy import gamma_policy
-from specsample_cupy.decode_stats import Round
-from specsample_cupy.decoder import SpeculativeDecoder
+import specsample_cupy.decode.decoder as decoder_module
+from specsample_cupy.decode import gamma_policy
+from specsample_cupy.decode.decoder import SpeculativeDecoder
+from specsample_cupy.decode.stats import Round
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PAIRS, BATCHES, N, CAP = ("cost-1.5b", "cost-7b", "embedded"), (1, 4), 128, 12
@@ -71,7 +71,7 @@ def cost_table(pair: str, batch: int, method: str) -> dict:
 
 def benchmark_prompts() -> list[str]:
     """The benchmark's prompts (imported here: the synthetic replays need no benchmark)."""
-    from specsample_cupy.bench_decode import DEFAULT_PROMPTS
+    from specsample_cupy.bench.decode import DEFAULT_PROMPTS
     return list(DEFAULT_PROMPTS[:max(BATCHES)])
 
 

@@ -1,11 +1,11 @@
-"""Rewrite result JSON files compactly (specsample_cupy/result_json.py).
+"""Rewrite result JSON files compactly (specsample_cupy/bench/result_json.py).
 
     python3 benchmarks/compact_results.py benchmarks/results/*.json
 """
 import json
 import sys
 
-from specsample_cupy.result_json import write
+from specsample_cupy.bench.result_json import write
 
 if __name__ == "__main__":
     for path in sys.argv[1:]:

@@ -32,8 +32,8 @@ import time
 
 import numpy as np
 
-from specsample_cupy.continuous import StreamRequest
-from specsample_cupy.decoder import SpeculativeDecoder
+from specsample_cupy.decode.continuous import StreamRequest
+from specsample_cupy.decode.decoder import SpeculativeDecoder
 
 OPENINGS = ["import os", "def main():", "class Foo:", "for i in range(", "if __name__ ==", "return self.", "x = [",
             "with open(", "def parse(text):\n    ", "# sort the list\n", "try:\n    import", "while True:"]

@@ -10,8 +10,8 @@ import sys
 import cupy as cp
 import numpy as np
 
-from specsample_cupy import bench_verify as bv
-from specsample_cupy.expected_accept import ExpectedAcceptance
+from specsample_cupy.bench import verify as bv
+from specsample_cupy.verification.expected_accept import ExpectedAcceptance
 
 
 def expected_call(B, G, V, dtype):

@@ -14,9 +14,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cupy as cp  # noqa: E402
 from plan_sweep import time_calls  # noqa: E402
 
-from specsample_cupy import kernels  # noqa: E402
-from specsample_cupy.bench_verify import make_inputs  # noqa: E402
-from specsample_cupy.warps import build_warps  # noqa: E402
+from specsample_cupy.bench.verify import make_inputs  # noqa: E402
+from specsample_cupy.verification import kernel_launch as kernels  # noqa: E402
+from specsample_cupy.verification.truncation import build_warps  # noqa: E402
 
 OLD = kernels.PlanOptions(min_sweeps=1)
 rows = []

@@ -14,9 +14,10 @@ exact next to min-p.
 """
 import argparse
 
-from specsample_cupy import kernels, verify
-from specsample_cupy.bench_verify import device_seconds, make_inputs
-from specsample_cupy.warps import build_warps
+from specsample_cupy import verify
+from specsample_cupy.bench.verify import device_seconds, make_inputs
+from specsample_cupy.verification import kernel_launch as kernels
+from specsample_cupy.verification.truncation import build_warps
 
 
 def time_calls(cp, inputs, reps, **kw):

@@ -18,7 +18,7 @@ import sys
 import cupy as cp
 import numpy as np
 
-from specsample_cupy import bench_verify as bv
+from specsample_cupy.bench import verify as bv
 
 SOURCE = r"""
 extern "C" __global__ void empty() {}

@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from models.build_tiny import build_tiny_pair
-from specsample_cupy.decoder import SpeculativeDecoder
+from specsample_cupy.decode.decoder import SpeculativeDecoder
 
 pair = build_tiny_pair(tempfile.mkdtemp(), vocab_size=48, seed=3)
 model_draft = SpeculativeDecoder(*pair, device="cuda")

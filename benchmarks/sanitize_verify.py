@@ -13,7 +13,7 @@ import cupy as cp
 import numpy as np
 
 from specsample_cupy import sample_tokens, verify
-from specsample_cupy.kernels import PlanOptions
+from specsample_cupy.verification.kernel_launch import PlanOptions
 
 ap = argparse.ArgumentParser()
 ap.add_argument("method", nargs="?")

@@ -1,7 +1,7 @@
 """How far each sigmoid method is from exact, on the logit rows of a trained pair (CPU, closed form).
 
 For every position of held-out code (models.loop_acceptance's prompts, extended), the target and the
-draft score the same prefix; specsample_cupy/analysis.py gives each method's distribution of
+draft score the same prefix; specsample_cupy/verification/analysis.py gives each method's distribution of
   - the first emitted token of a round (draft proposes x ~ softmax(q / T), then accept/resample),
   - the bonus token (every draft accepted),
 and this reports their total-variation distance from the target's softmax(p / T) (0 for exact), the
@@ -19,8 +19,9 @@ import json
 import numpy as np
 
 from models.loop_acceptance import heldout_prompts
-from specsample_cupy.analysis import bonus_distribution, first_token_distribution, method_weights, total_variation
-from specsample_cupy.decoder import default_model_dir
+from specsample_cupy.decode.decoder import default_model_dir
+from specsample_cupy.verification.analysis import (bonus_distribution, first_token_distribution, method_weights,
+                                                  total_variation)
 
 METHODS = ("exact", "sigmoid", "sigmoid-paper")
 ROW_MAX = "sigmoid, row-max offset"

@@ -33,10 +33,10 @@ def folder_reader(folder):
 def main():
     import cupy as cp
 
-    from specsample_cupy.bench_verify import device_seconds, make_inputs
-    from specsample_cupy.kernel_runtime import kernel_source
-    from specsample_cupy.kernels import WARP_RECORD, _WarpRows, vec_width
-    from specsample_cupy.warps import build_warps
+    from specsample_cupy.bench.verify import device_seconds, make_inputs
+    from specsample_cupy.runtime.kernel_runtime import kernel_source
+    from specsample_cupy.verification.kernel_launch import WARP_RECORD, _WarpRows, vec_width
+    from specsample_cupy.verification.truncation import build_warps
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rev", default="HEAD~1", help="the other revision, read with git")

@@ -1,4 +1,4 @@
-// Expected acceptance of each draft position for automatic gamma (gamma_policy.py):
+// Expected acceptance of each draft position for automatic gamma (decode/gamma_policy.py):
 //   beta[b, i] = sum_x min(p(x), q(x)),  p = softmax(target[b, i] / T_b),  q = softmax(draft[b, i] / T_b),
 // the probability that exact verification accepts draft i of request b (sampled from q), given that
 // it reaches it: one minus the total variation distance of the two rows. Reference:
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(SS_THREADS) expected_sum(
   }
 }
 
-// The instantiations expected_accept.py launches (named here too so that an offline nvcc compiles them).
+// The instantiations verification/expected_accept.py launches (named here too so that an offline nvcc compiles them).
 #define SS_EXPECTED_ACCEPT(T, VEC)                                                                               \
   template __global__ void expected_stats<T, VEC>(const T::storage*, const T::storage*, int, int, int, int,     \
                                                   float, const float*, const int*, float4*);                    \

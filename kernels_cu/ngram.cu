@@ -1,4 +1,4 @@
-// Prompt-lookup (n-gram) draft proposals: specsample_cupy/ngram.py states the rule, and its
+// Prompt-lookup (n-gram) draft proposals: specsample_cupy/decode/ngram.py states the rule, and its
 // propose_ngram() is the reference these outputs equal.
 //
 // Parallel decomposition: one 256-thread block per request. The rule's loop over n-gram lengths k
@@ -11,7 +11,7 @@
 // cuts it, and threads write the tokens and the padding. Nothing is shared between blocks.
 #include "block_reduce.cuh"
 
-// Per-request ints arrive in their caller's dtype (ngram.py passes the element width), so the
+// Per-request ints arrive in their caller's dtype (decode/ngram.py passes the element width), so the
 // device state needs no conversion per call: 8 = int64, 4 = int32, 1 = bool/uint8.
 __device__ __forceinline__ long long load_int(const void* p, int bytes, long long i) {
   if (bytes == 8) return static_cast<const long long*>(p)[i];

@@ -1,8 +1,8 @@
-// Counter-based Philox4x32-10 (Salmon et al., SC'11), bit-identical to specsample_cupy/philox.py.
+// Counter-based Philox4x32-10 (Salmon et al., SC'11), bit-identical to specsample_cupy/runtime/philox.py.
 // key = (seed lo, seed hi); counter = (index >> 2, purpose << 16 | position, request, offset);
 // the random word is lane (index & 3) of the result.
 #pragma once
-// SS_PURPOSE_* (the purpose field of the counter) are generated from specsample_cupy/philox.py.
+// SS_PURPOSE_* (the purpose field of the counter) are generated from specsample_cupy/runtime/philox.py.
 #include "codes.cuh"
 
 __device__ __forceinline__ uint4 philox4x32_10(uint4 c, unsigned k0, unsigned k1) {
@@ -33,7 +33,7 @@ struct PhiloxStream {  // the fixed part of the counter for one (request, positi
   }
 };
 
-// [0, 1) with 24 random bits: exact in float32, identical to acceptance_uniform() in philox.py.
+// [0, 1) with 24 random bits: exact in float32, identical to acceptance_uniform() in runtime/philox.py.
 __device__ __forceinline__ float acceptance_uniform(unsigned bits) {
   return (float)(bits >> 8) * 5.9604644775390625e-08f;  // 2^-24
 }

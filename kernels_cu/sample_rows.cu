@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(SS_THREADS) sample_rows_kernel(
   if (threadIdx.x == 0) tokens[b] = token;
 }
 
-// The instantiations sampling.py launches (named here too so that an offline nvcc compiles them).
+// The instantiations verification/sampling.py launches (named here too so that an offline nvcc compiles them).
 template __global__ void sample_rows_kernel<f32, 4>(const float*, int, float, unsigned long long, unsigned, unsigned, const long long*, int*);
 template __global__ void sample_rows_kernel<f32, 1>(const float*, int, float, unsigned long long, unsigned, unsigned, const long long*, int*);
 template __global__ void sample_rows_kernel<f16, 8>(const unsigned short*, int, float, unsigned long long, unsigned, unsigned, const long long*, int*);

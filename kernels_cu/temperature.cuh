@@ -1,4 +1,4 @@
-// The per-request temperature rule every kernel applies (specsample_cupy/reference.py has it too).
+// The per-request temperature rule every kernel applies (specsample_cupy/verification/cpu_numpy.py has it too).
 #pragma once
 
 // Request b's temperature (temps[b], or the scalar when temps is null). A negative or non-finite

@@ -1,6 +1,6 @@
 // Row statistics of truncated sampling (top-k, top-p, min-p) for verify_kernel's warped mode.
 //
-// The rule (specsample_cupy/warps.py states it for users; its NumPy reference is the CPU path):
+// The rule (specsample_cupy/verification/truncation.py states it for users; its NumPy reference is the CPU path):
 // per row z at temperature T, M = max z and d = M - z in float32. top-k keeps d <= the k-th
 // smallest d; top-p keeps d <= the smallest d whose cumulative mass (exp(-d / T), ascending d,
 // within the top-k set) reaches top_p of that set's mass; min-p keeps d <= span = -T ln(min_p)
@@ -670,7 +670,7 @@ __global__ void __launch_bounds__(SS_THREADS) emitted_logprobs_kernel(
   logprobs[k] = lp;
 }
 
-// The instantiations kernels.py launches (named here too so that an offline nvcc compiles them).
+// The instantiations verification/kernel_launch.py launches (named here too so that an offline nvcc compiles them).
 #define WR_ARGS(S) const S*, const S*, const int*, const float*, float, int, const int*, const float*, \
     const float*, int, int, int, int, long long, int*, float*
 template __global__ void warp_rows_kernel<f32, 1>(WR_ARGS(float));

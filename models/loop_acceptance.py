@@ -8,7 +8,7 @@ import argparse
 import numpy as np
 
 from .stdlib_corpus import list_files, read_texts, split_files
-from specsample_cupy.decoder import SpeculativeDecoder, default_model_dir
+from specsample_cupy.decode.decoder import SpeculativeDecoder, default_model_dir
 
 
 def heldout_prompts(n: int = 8, lines: int = 6) -> list[str]:

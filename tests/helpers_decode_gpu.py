@@ -3,7 +3,7 @@ the module's `pair` on CUDA, and how alike two runs' tokens are."""
 import numpy as np
 import pytest
 
-from specsample_cupy.sessions import cuda_available
+from specsample_cupy.runtime.sessions import cuda_available
 
 GPU_DECODE = [
     pytest.mark.gpu,
@@ -17,14 +17,14 @@ PROMPTS = ["the rain in spain", "a", "hello there, a longer prompt", "sea"]
 @pytest.fixture(scope="module")
 def on_device(pair):
     """The module's pair on CUDA, decoding with the device loop."""
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     return SpeculativeDecoder(*pair, device="cuda")
 
 
 @pytest.fixture(scope="module")
 def on_host(pair):
     """The module's pair on CUDA, decoding with the host loop."""
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     return SpeculativeDecoder(*pair, device="cuda", device_rounds=False)
 
 

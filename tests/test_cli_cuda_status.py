@@ -6,7 +6,7 @@ import types
 import pytest
 from click.testing import CliRunner
 
-from specsample_cupy import sessions
+from specsample_cupy.runtime import sessions
 
 
 class FakeCudaRuntimeError(Exception):
@@ -98,7 +98,7 @@ def test_unexpected_provider_query_error_propagates(monkeypatch):
 
 
 def test_decode_says_why_it_runs_on_the_cpu(monkeypatch):
-    from specsample_cupy.cli_decode import resolve_device
+    from specsample_cupy.cli.decode import resolve_device
 
     monkeypatch.setattr(sessions, "cuda_status", lambda: (False, "CuPy sees no CUDA device"))
     try:

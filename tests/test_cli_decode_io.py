@@ -8,8 +8,8 @@ pytest.importorskip("onnxruntime")
 
 
 from models.build_tiny import build_tiny_pair  # noqa: E402
-from specsample_cupy.cli_decode import decode  # noqa: E402
-from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
+from specsample_cupy.cli.decode import decode  # noqa: E402
+from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
 
 
 from helpers_cli import split_runner as _runner  # noqa: E402

@@ -1,4 +1,4 @@
-"""Fail before working (specsample_cupy/cli_paths.py): an output path that cannot be written fails
+"""Fail before working (specsample_cupy/cli/paths.py): an output path that cannot be written fails
 `generate`, `bench decode`, `bench verify` and `eval` in well under a second, before any model loads,
 with one line on stderr and a non-zero exit; a write that fails at the end is one line too, never a
 traceback. The bench commands run under `specsample` itself (click caches a command's help option
@@ -12,10 +12,10 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from helpers_cli import split_runner  # noqa: E402
-from specsample_cupy import cli_generate  # noqa: E402
+from specsample_cupy.cli import generate as cli_generate  # noqa: E402
 from cli import main  # noqa: E402
-from specsample_cupy.cli_eval import eval_group  # noqa: E402
-from specsample_cupy.cli_paths import why_not_writable  # noqa: E402
+from specsample_cupy.cli.eval import eval_group  # noqa: E402
+from specsample_cupy.cli.paths import why_not_writable  # noqa: E402
 
 UNWRITABLE = ["/proc/specsample-test.json", "/proc/no-such-folder/out.json", "/proc/version"]
 
@@ -35,7 +35,8 @@ def _fails_fast(command, args):
 @pytest.fixture
 def no_loading(monkeypatch):
     """Any model load fails the test."""
-    from specsample_cupy import bench_decode, decoder
+    from specsample_cupy.bench import decode as bench_decode
+    from specsample_cupy.decode import decoder
     loaded = lambda *a, **k: pytest.fail("a model was loaded")
     monkeypatch.setattr(cli_generate, "load_decoder", loaded)
     monkeypatch.setattr(bench_decode, "load_decoder", loaded)

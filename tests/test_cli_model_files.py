@@ -8,9 +8,9 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 
-from specsample_cupy.cli_decode import decode  # noqa: E402
-from specsample_cupy.decoder import default_model_dir  # noqa: E402
-from specsample_cupy.sessions import DecoderSession, ModelSpec, open_session_error  # noqa: E402
+from specsample_cupy.cli.decode import decode  # noqa: E402
+from specsample_cupy.decode.decoder import default_model_dir  # noqa: E402
+from specsample_cupy.runtime.sessions import DecoderSession, ModelSpec, open_session_error  # noqa: E402
 
 
 from helpers_cli import split_runner as _runner  # noqa: E402

@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from specsample_cupy import continuous  # noqa: E402
-from specsample_cupy.continuous import StreamRequest  # noqa: E402
-from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
+from specsample_cupy.decode import continuous  # noqa: E402
+from specsample_cupy.decode.continuous import StreamRequest  # noqa: E402
+from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
 
 PROMPTS = ["the sea", "hello there", "a", "def f(x):", "rain", "so it goes", "once upon a time there was",
            "x = 1", "what now", "zz"]

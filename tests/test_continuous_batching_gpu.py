@@ -5,8 +5,8 @@ target steps and prompt lookup."""
 import numpy as np
 import pytest
 
-from specsample_cupy.continuous import StreamRequest
-from specsample_cupy.decoder import SpeculativeDecoder
+from specsample_cupy.decode.continuous import StreamRequest
+from specsample_cupy.decode.decoder import SpeculativeDecoder
 
 from helpers_decode_gpu import GPU_DECODE
 

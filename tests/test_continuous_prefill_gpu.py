@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from specsample_cupy.continuous import StreamRequest  # noqa: E402
-from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
+from specsample_cupy.decode.continuous import StreamRequest  # noqa: E402
+from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
 
 from helpers_decode_gpu import GPU_DECODE, PROMPTS  # noqa: E402
 

@@ -26,7 +26,7 @@ def cpu_pair(tmp_path_factory):
 
 
 def test_greedy_speculative_equals_target_only_on_cpu(cpu_pair):
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     decoder = SpeculativeDecoder(*cpu_pair, device="cpu")
     alone = decoder.generate(PROMPTS, max_new_tokens=24, gamma=0, method="target", temperature=0, ignore_eos=True)
     spec = decoder.generate(PROMPTS, max_new_tokens=24, gamma=4, method="greedy", temperature=0, ignore_eos=True)
@@ -37,7 +37,7 @@ def test_greedy_speculative_equals_target_only_on_cpu(cpu_pair):
 
 
 def test_mismatched_vocabularies_are_refused(tmp_path, cpu_pair):
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     other = write_checkpoint(tmp_path / "hf", {**TINY["qwen2-tied"], "vocab_size": 2200})
     with pytest.raises(ValueError, match="vocab sizes differ"):
         SpeculativeDecoder(cpu_pair[0], convert(other, tmp_path / "other", dtype="float32"), device="cpu")

@@ -23,7 +23,7 @@ def self_pair(tmp_path_factory):
 
 
 def test_greedy_on_the_device_loop_with_graphs(self_pair):
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     decoder = SpeculativeDecoder(*self_pair, device="cuda")
     alone = decoder.generate(PROMPTS, max_new_tokens=32, gamma=0, method="target", temperature=0, ignore_eos=True)
     spec = decoder.generate(PROMPTS, max_new_tokens=32, gamma=4, method="greedy", temperature=0, ignore_eos=True)
@@ -36,7 +36,7 @@ def test_greedy_on_the_device_loop_with_graphs(self_pair):
 def test_exact_first_token_follows_the_target(tmp_path):
     """An independent draft (other weights): rejections and residual draws happen, and the first emitted
     token still follows the target's distribution (float64 reference of the same checkpoint)."""
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     config = {**TINY["qwen2-tied"], "num_hidden_layers": 2}
     hf_target = write_checkpoint(tmp_path / "hf_t", config, seed=7, embed_scale=0.25)
     hf_draft = write_checkpoint(tmp_path / "hf_d", config, seed=8, embed_scale=0.25, final_norm_scale=0.3)

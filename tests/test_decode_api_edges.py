@@ -1,5 +1,5 @@
 """The smaller points of issue #36, on the CPU: `decode --gamma auto`; method greedy with a temperature
-refused (call_args.py: verify(method="greedy") takes the argmax whatever its temperature, so the
+refused (decode/call_args.py: verify(method="greedy") takes the argmax whatever its temperature, so the
 decoding calls refuse one rather than ignore it); seed=None; prompts as token ids; the CPU warning
 pointing at the caller; `generate --strict`; Ctrl-C's resume hint."""
 import json
@@ -11,12 +11,13 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from helpers_cli import split_runner  # noqa: E402
-from specsample_cupy import generate_run, verify  # noqa: E402
-from specsample_cupy.cli_decode import decode  # noqa: E402
-from specsample_cupy.cli_generate import generate  # noqa: E402
-from specsample_cupy.continuous import StreamRequest  # noqa: E402
-from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
-from specsample_cupy.sessions import cuda_available  # noqa: E402
+from specsample_cupy import verify  # noqa: E402
+from specsample_cupy.batch import runner as generate_run
+from specsample_cupy.cli.decode import decode  # noqa: E402
+from specsample_cupy.cli.generate import generate  # noqa: E402
+from specsample_cupy.decode.continuous import StreamRequest  # noqa: E402
+from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
+from specsample_cupy.runtime.sessions import cuda_available  # noqa: E402
 
 
 @pytest.fixture(scope="module")

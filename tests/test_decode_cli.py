@@ -9,8 +9,8 @@ pytest.importorskip("onnxruntime")
 from click.testing import CliRunner  # noqa: E402
 
 from models.build_tiny import build_tiny_pair  # noqa: E402
-from specsample_cupy.cli_decode import decode  # noqa: E402
-from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
+from specsample_cupy.cli.decode import decode  # noqa: E402
+from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_decode_reports_errors_cleanly(pair):
 
 
 def test_bench_decode_table_and_json(pair, tmp_path):
-    from specsample_cupy.bench_decode import bench_decode
+    from specsample_cupy.bench.decode import bench_decode
 
     path = tmp_path / "bench.json"
     args = ["--max-new-tokens", "10", "--methods", "exact,greedy", "--gamma", "3", "--batch", "3", "--seeds", "2",
@@ -89,7 +89,7 @@ def test_bench_decode_table_and_json(pair, tmp_path):
 
 def test_bench_decode_batches_share_one_prompt_set():
     """B = 1 runs one prompt per seed, and over four seeds exactly the prompts B = 4 decodes together."""
-    from specsample_cupy.bench_decode import prompt_set, prompts_for
+    from specsample_cupy.bench.decode import prompt_set, prompts_for
 
     prompts = prompt_set([1, 4])
     assert len(prompts) == 4 and len(set(prompts)) == 4

@@ -1,6 +1,6 @@
 """SpeculativeDecoder(cpu_threads=N): ONNX Runtime's CPU sessions use N threads per run (Ray's CPU
 workers take one each), with the same tokens as the default."""
-from specsample_cupy.decoder import SpeculativeDecoder
+from specsample_cupy.decode.decoder import SpeculativeDecoder
 
 
 def test_cpu_threads_sets_the_sessions_and_keeps_the_tokens():

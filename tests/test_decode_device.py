@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
+from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
 
 from helpers_decode_gpu import GPU_DECODE, PROMPTS, on_device, on_host, same_fraction  # noqa: E402,F401
 
@@ -66,7 +66,7 @@ def test_device_rounds_stop_each_request_at_its_eos(pair):
 def _count_reads(on_device, monkeypatch, **kwargs):
     """Run generate() recording every host<->device copy and every report read of the device loop."""
     import cupy
-    from specsample_cupy import decode_device, decode_host
+    from specsample_cupy.decode import device_loop as decode_device, host_loop as decode_host
 
     copies, reads = [], []
     real_copy, real_read = cupy.cuda.runtime.memcpyAsync, decode_device.DeviceRounds._read

@@ -4,10 +4,10 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from specsample_cupy import decode_host  # noqa: E402
-from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
-from specsample_cupy.sessions_cache import buffer_ptr  # noqa: E402
-from specsample_cupy.verify import VerifyResult  # noqa: E402
+from specsample_cupy.decode import host_loop as decode_host  # noqa: E402
+from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
+from specsample_cupy.runtime.sessions_cache import buffer_ptr  # noqa: E402
+from specsample_cupy.verification.api import VerifyResult  # noqa: E402
 
 from helpers_decode_gpu import GPU_DECODE, PROMPTS  # noqa: E402
 
@@ -93,7 +93,7 @@ def test_gpu_stats_use_cuda_events(gpu):
 
 def test_models_exported_here_run_as_cuda_graphs(gpu):
     """The pair's graphs have no CPU nodes, so both run with fixed bindings and CUDA-graph replay."""
-    from specsample_cupy.sessions_static import StaticDecoderSession
+    from specsample_cupy.runtime.sessions_static import StaticDecoderSession
     assert gpu.cuda_graphs == {"target": True, "draft": True}
     assert isinstance(gpu.target, StaticDecoderSession) and isinstance(gpu.draft, StaticDecoderSession)
     before = gpu.draft.graph_steps
@@ -111,8 +111,8 @@ def test_static_cache_runs_give_the_logits_of_rebinding_runs(pair):
     every real column agree with those of the growing cache rebound every run, to float rounding (keys sit
     in other slots, so sums run in another order)."""
     import cupy
-    from specsample_cupy.sessions import DecoderSession, ModelSpec
-    from specsample_cupy.sessions_static import StaticDecoderSession
+    from specsample_cupy.runtime.sessions import DecoderSession, ModelSpec
+    from specsample_cupy.runtime.sessions_static import StaticDecoderSession
 
     spec = ModelSpec.from_dir(pair[0])
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -142,7 +142,7 @@ def test_static_cache_runs_give_the_logits_of_rebinding_runs(pair):
 def test_graph_replay_gives_the_tokens_of_rebinding_runs(gpu, rebinding):
     """Decoder level, graph replay vs rebinding: greedy chains and sampled tokens identical but for float
     near-ties (a flipped argmax changes the rest of that request)."""
-    from specsample_cupy.sessions import DecoderSession
+    from specsample_cupy.runtime.sessions import DecoderSession
     assert type(rebinding.target) is DecoderSession and rebinding.cuda_graphs["target"] == "off"
     for kwargs in (dict(max_new_tokens=90, gamma=5, method="greedy"),
                    dict(max_new_tokens=32, gamma=4, method="exact", temperature=0.9, seed=7)):
@@ -156,7 +156,7 @@ def test_graph_replay_gives_the_tokens_of_rebinding_runs(gpu, rebinding):
 def test_widen_ids_kernel_against_numpy():
     """kernels_cu/feeds.cu: int32 ids at any row pitch into int64 columns; negative ids feed as 0."""
     import cupy
-    from specsample_cupy.sessions_static import _widen_ids
+    from specsample_cupy.runtime.sessions_static import _widen_ids
     rng = np.random.default_rng(11)
     src_full = rng.integers(-2, 50, (5, 9)).astype(np.int32)
     dst_full = np.full((5, 7), 99, np.int64)

@@ -5,7 +5,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from models.build_tiny import build_tiny_pair  # noqa: E402
-from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
+from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
 
 PROMPTS = ["the rain in spain", "a", "hello there, a test of holes", "dense"]
 

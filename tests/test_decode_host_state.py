@@ -5,8 +5,8 @@ import types
 
 import numpy as np
 
-from specsample_cupy.requests import Requests as _Requests
-from specsample_cupy.sessions_static import StaticKVCache
+from specsample_cupy.decode.request_state import Requests as _Requests
+from specsample_cupy.runtime.sessions_static import StaticKVCache
 
 
 def test_row_append_equals_vectorised_append():

@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from specsample_cupy.decode_stats import Round  # noqa: E402
-from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
-from specsample_cupy.gamma_policy import AutoGamma, LineCost, expected_tokens, make_policy  # noqa: E402
+from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
+from specsample_cupy.decode.gamma_policy import AutoGamma, LineCost, expected_tokens, make_policy  # noqa: E402
+from specsample_cupy.decode.stats import Round  # noqa: E402
 
 PROMPTS = ["the rain in spain", "a", "hello there, a test of holes", "dense"]
 
@@ -66,7 +66,7 @@ def test_greedy_output_is_the_same_at_every_gamma(decoder, gamma, extra):
 def test_auto_gamma_remembers_and_may_run_target_only(pair):
     """A call's measurements seed the next call of its kind; when they say drafting does not pay, calls
     run target-only (same tokens, greedy), and every REPROBE-th call speculates again."""
-    from specsample_cupy.gamma_policy import REPROBE
+    from specsample_cupy.decode.gamma_policy import REPROBE
     dec = SpeculativeDecoder(*pair, device="cpu")
     kwargs = dict(max_new_tokens=20, gamma="auto", method="greedy")
     first = dec.generate(PROMPTS, **kwargs)
@@ -183,7 +183,7 @@ def test_auto_gamma_estimates_match_a_plain_reference():
     """Rounds with finished rows and rows that proposed nothing: each request's forgotten acceptance
     estimate, the pooled one and the chosen gamma, against the module docstring's rule in plain
     Python (one request at a time)."""
-    from specsample_cupy.gamma_policy import FORGET_GREEDY as FORGET, PRIOR_ALPHA, PRIOR_TRIALS
+    from specsample_cupy.decode.gamma_policy import FORGET_GREEDY as FORGET, PRIOR_ALPHA, PRIOR_TRIALS
     rng = np.random.default_rng(9)
     cost = lambda g: 1.0 + 0.2 * np.asarray(g, float)   # noqa: E731
     policy = AutoGamma(4, 1, 12, cost=cost)
@@ -265,8 +265,8 @@ def test_auto_gamma_forgets_faster_for_greedy_than_for_sampling(decoder, monkeyp
     """Greedy acceptance comes in runs, sampled acceptance with the draws (gamma_policy's docstring):
     generate() hands the call's temperature to the policy, greedy decoding as 0; exact sampling with
     a draft model observes expected acceptance instead of counts, and remembers longer."""
-    from specsample_cupy import decoder as decoder_module
-    from specsample_cupy.gamma_policy import FORGET_EXPECTED, FORGET_GREEDY, FORGET_SAMPLED
+    from specsample_cupy.decode import decoder as decoder_module
+    from specsample_cupy.decode.gamma_policy import FORGET_EXPECTED, FORGET_GREEDY, FORGET_SAMPLED
     assert FORGET_GREEDY < FORGET_SAMPLED < FORGET_EXPECTED
     made = []
     real = decoder_module.make_policy
@@ -290,7 +290,7 @@ def test_auto_gamma_forgets_faster_for_greedy_than_for_sampling(decoder, monkeyp
 def test_device_cost_is_model_time_plus_the_fitted_rest():
     """The device loop's cost: each gamma's calibrated model seconds plus the line fitted to what the
     rounds took beyond them (never negative); a new calibration replaces the kept model seconds."""
-    from specsample_cupy.decode_device import DeviceCost
+    from specsample_cupy.decode.device_loop import DeviceCost
     cost = DeviceCost(None)
     cost.model_s = {g: 1e-3 * (1 + 0.3 * g) for g in range(13)}
     gammas = np.arange(1, 13)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from specsample_cupy.decoder import SpeculativeDecoder
+from specsample_cupy.decode.decoder import SpeculativeDecoder
 
 # Code that repeats itself: the continuation copies earlier spans, so prompt lookup finds matches.
 GROUNDED = ("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"

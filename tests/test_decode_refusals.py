@@ -10,8 +10,8 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 from models.build_tiny import build_tiny_pair  # noqa: E402
-from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
-from specsample_cupy.sessions import DecoderSession, ModelSpec, cuda_available  # noqa: E402
+from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
+from specsample_cupy.runtime.sessions import DecoderSession, ModelSpec, cuda_available  # noqa: E402
 
 
 @pytest.fixture(scope="module")

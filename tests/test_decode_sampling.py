@@ -1,7 +1,7 @@
 """End-to-end exactness of speculative sampling: the tokens it generates follow the target's distribution.
 
 A batch of N copies of one prompt gives N independent draws (each request draws from its own random
-stream, specsample_cupy/seeds.py). The first two generated tokens are compared with the target's exact probabilities
+stream, specsample_cupy/verification/seeds.py). The first two generated tokens are compared with the target's exact probabilities
 p(t1 | prompt) * p(t2 | prompt, t1), computed by a separate ONNX runner, with a chi-squared test.
 Threshold: p-value >= 1e-4 (the seed is fixed, so the test is deterministic; an exact sampler fails
 it with probability 1e-4, a biased one with N = 20,000 draws almost surely).
@@ -14,7 +14,7 @@ stats = pytest.importorskip("scipy.stats")
 
 from models.build_tiny import build_tiny_pair  # noqa: E402
 from models.ort_decoder import OrtDecoder  # noqa: E402
-from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
+from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
 
 N_DRAWS = 20_000
 P_VALUE_THRESHOLD = 1e-4

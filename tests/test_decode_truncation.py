@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from specsample_cupy.decoder import SpeculativeDecoder
+from specsample_cupy.decode.decoder import SpeculativeDecoder
 
 DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)]
 PROMPTS = ["import os\n", "def f(x):\n    return", "class A:"]
@@ -74,9 +74,9 @@ def test_the_host_loop_builds_its_warps_once(pair, monkeypatch):
     continuous batching, whose temperatures change) and passes them to every sample_tokens() and
     verify() call; its tokens and log-probabilities are bit for bit those of the calls building them."""
     import importlib
-    from specsample_cupy import decode_host
-    from specsample_cupy.continuous import StreamRequest
-    verify_module = importlib.import_module("specsample_cupy.verify")
+    from specsample_cupy.decode import host_loop as decode_host
+    from specsample_cupy.decode.continuous import StreamRequest
+    verify_module = importlib.import_module("specsample_cupy.verification.api")
     dec = SpeculativeDecoder(*pair, device="cpu")
     builds, per_call = [], []
     real_build, real_make = decode_host.build_warps, verify_module.make_warps

@@ -9,7 +9,7 @@ pytest.importorskip("onnxruntime")
 
 from onnx import TensorProto, helper  # noqa: E402
 
-from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
+from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
 
 from helpers_decode_gpu import GPU_DECODE, PROMPTS, same_fraction  # noqa: E402
 
@@ -58,7 +58,7 @@ def test_shape_arithmetic_changes_no_token_on_the_cpu(pair, shaped):
 @GPU_DECODE[0]
 @GPU_DECODE[1]
 def test_a_model_without_cuda_graphs_decodes_on_the_device_loop(pair, shaped):
-    from specsample_cupy.sessions_static import StaticDecoderSession
+    from specsample_cupy.runtime.sessions_static import StaticDecoderSession
     captured = SpeculativeDecoder(*pair, device="cuda")
     uncaptured = SpeculativeDecoder(*shaped, device="cuda")
     for role in ("target", "draft"):

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from specsample_cupy.decoder import default_model_dir
-from specsample_cupy.detokenize import TextAssembler, splits_at_characters
-from specsample_cupy.sessions import ModelSpec
+from specsample_cupy.decode.decoder import default_model_dir
+from specsample_cupy.decode.detokenize import TextAssembler, splits_at_characters
+from specsample_cupy.runtime.sessions import ModelSpec
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ sampling."""
 import numpy as np
 import pytest
 
-from specsample_cupy.expected_accept import SPAN, ExpectedAcceptance
-from specsample_cupy.gamma_policy import expected_acceptance
+from specsample_cupy.decode.gamma_policy import expected_acceptance
+from specsample_cupy.verification.expected_accept import SPAN, ExpectedAcceptance
 
 from helpers_decode_gpu import GPU_DECODE, PROMPTS, on_device, on_host  # noqa: F401
 
@@ -70,7 +70,7 @@ def test_loops_report_expected_acceptance_to_auto_gamma(request, loop, temperatu
     """Every speculative round of an auto-gamma exact call carries each request's expected accepted count
     over the positions it tried; over the call it tracks the accepted count (their difference is a
     martingale whose variance is at most a quarter of the positions tried: within 5 standard deviations)."""
-    from specsample_cupy.gamma_policy import AutoGamma
+    from specsample_cupy.decode.gamma_policy import AutoGamma
     # The tiny pair's drafts do not pay on a GPU, so auto gamma would soon decode with target steps:
     # keep it drafting (gamma_min at least), its rounds' reports being what is tested here.
     hand_out = AutoGamma._hand_out

@@ -5,8 +5,8 @@ it on the CPU."""
 import numpy as np
 import pytest
 
-from specsample_cupy.gamma_policy import expected_acceptance, expected_accepted
-from specsample_cupy.verify import verify
+from specsample_cupy.decode.gamma_policy import expected_acceptance, expected_accepted
+from specsample_cupy.verification.api import verify
 
 
 def softmax(z):
@@ -61,7 +61,7 @@ def test_verify_accepts_a_draft_with_probability_beta():
 
 @pytest.fixture(scope="module")
 def decoder():
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     return SpeculativeDecoder(device="cpu")
 
 

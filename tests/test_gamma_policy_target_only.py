@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specsample_cupy import gamma_policy as gp
-from specsample_cupy.decode_stats import Round
-from specsample_cupy.gamma_policy import AutoGamma, FixedGamma, LineCost
+from specsample_cupy.decode import gamma_policy as gp
+from specsample_cupy.decode.gamma_policy import AutoGamma, FixedGamma, LineCost
+from specsample_cupy.decode.stats import Round
 
 from helpers_decode_gpu import GPU_DECODE, same_fraction
 
@@ -72,7 +72,7 @@ def _policy(loop: str, cost):
     """A fresh AutoGamma as the loop makes it (forgetting for sampled acceptance: the draws are i.i.d.)."""
     if loop == "host":
         return AutoGamma(4, 1, 12, LineCost(), gp.FORGET_SAMPLED)
-    from specsample_cupy.decode_device import DeviceCost
+    from specsample_cupy.decode.device_loop import DeviceCost
     device_cost = DeviceCost(None)
     device_cost.model_s = {g: 0.9 * cost(g) for g in range(13)}   # the graphs' replays: the models' share
     return AutoGamma(4, 1, 12, device_cost, gp.FORGET_SAMPLED)
@@ -183,7 +183,7 @@ def test_a_call_opens_with_target_steps_that_time_one():
     assert later.next_gamma() >= 1
     # The device loop opens with one (its draft catches up on one target step, not two), and its
     # reads lag: the second round drafts although the first is not read yet.
-    from specsample_cupy.decode_device import DeviceCost
+    from specsample_cupy.decode.device_loop import DeviceCost
     cost = DeviceCost(None)
     cost.model_s = {g: C0 * (1.05 + 0.1 * g if g else 1.0) for g in range(13)}
     device = AutoGamma(4, 1, 12, cost)
@@ -260,7 +260,7 @@ def test_state_carries_costs_steps_and_credit():
 @pytest.fixture(scope="module")
 def embedded():
     pytest.importorskip("onnxruntime")
-    from specsample_cupy.decoder import SpeculativeDecoder, default_model_dir
+    from specsample_cupy.decode.decoder import SpeculativeDecoder, default_model_dir
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         target = default_model_dir("target")
@@ -269,7 +269,7 @@ def embedded():
 
 
 def _capture_policies(monkeypatch):
-    from specsample_cupy import decoder as decoder_module
+    from specsample_cupy.decode import decoder as decoder_module
     made, real = [], decoder_module.make_policy
     monkeypatch.setattr(decoder_module, "make_policy", lambda *a, **kw: made.append(real(*a, **kw)) or made[-1])
     return made
@@ -352,7 +352,7 @@ SCRIPTS = {"a target step, drafting, then target steps": [0, 3, 3, 2, 0],
 
 def _scripted(monkeypatch, script):
     """generate(gamma="auto") runs with ScriptedGamma(script)."""
-    from specsample_cupy import decoder as decoder_module
+    from specsample_cupy.decode import decoder as decoder_module
     real = decoder_module.make_policy
     monkeypatch.setattr(decoder_module, "make_policy", lambda g, mode, *a, **kw:
                         ScriptedGamma(script) if mode == "auto" else real(g, mode, *a, **kw))
@@ -367,7 +367,7 @@ def test_host_loop_switches_to_target_steps_mid_call(pair, monkeypatch, script):
     """The host loop runs each round at the policy's gamma, 0 included, in any order: greedy tokens are
     target-only's whatever the rounds (drafting after a target step: the draft's first run catches
     up on every token it has not seen)."""
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     dec = SpeculativeDecoder(*pair, device="cpu")
     prompts = ["the rain in spain", "a", "hello there, a longer prompt", "sea"]
     expected = dec.generate(prompts, max_new_tokens=40, method="target", temperature=0.0).token_ids
@@ -392,7 +392,7 @@ def test_device_loop_switches_to_target_steps_mid_call(pair, monkeypatch, script
     step is followed by drafting rounds that catch the draft up. Same tokens as the host loop for the
     same seed (exact sampling: the same offsets; greedy: target-only's), long enough to compact the
     caches meanwhile."""
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     device = SpeculativeDecoder(*pair, device="cuda")
     host = SpeculativeDecoder(*pair, device="cuda", device_rounds=False)
     prompts = ["the rain in spain", "a", "hello there, a longer prompt", "sea"] * 2
@@ -418,8 +418,8 @@ def test_device_loop_stops_drafting_when_the_draft_is_the_target(pair):
     run: the calibrated costs alone say no gamma pays): target-only's tokens, a call that opens with
     its timed target step and drafts little or nothing before it stops, within its budget by its own
     GPU timing, and a next call that runs target-only."""
-    from specsample_cupy import decoder as decoder_module
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode import decoder as decoder_module
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     dec = SpeculativeDecoder(pair[0], pair[0], device="cuda")
     made, real = [], decoder_module.make_policy
     prompts = ["the rain in spain", "a"]

@@ -36,7 +36,7 @@ def converted(tmp_path_factory):
 
 
 def test_builder_folder_loads_without_config_json(tmp_path, converted):
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     folder = _genai_folder(converted, tmp_path / "builder")
     plain = SpeculativeDecoder(converted, converted, device="cpu")
     builder = SpeculativeDecoder(folder, folder, device="cpu")
@@ -46,7 +46,7 @@ def test_builder_folder_loads_without_config_json(tmp_path, converted):
 
 
 def test_disagreeing_genai_config_is_refused(tmp_path, converted):
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     folder = _genai_folder(converted, tmp_path / "builder", num_hidden_layers=3)
     with pytest.raises(ValueError, match="num_hidden_layers = 3 but decoder.onnx has 2") as info:
         SpeculativeDecoder(folder, folder, device="cpu")

@@ -13,12 +13,12 @@ pa = pytest.importorskip("pyarrow")
 
 from helpers_cli import split_runner  # noqa: E402
 from helpers_streams import failing_after_one  # noqa: E402
-from specsample_cupy import generate_ray  # noqa: E402
-from specsample_cupy.cli_generate import generate  # noqa: E402
-from specsample_cupy.generate_input import Request, Settings  # noqa: E402
-from specsample_cupy.generate_output import ResultWriter  # noqa: E402
-from specsample_cupy.generate_ray_worker import DecodeWorker, WorkerSetup, share_row  # noqa: E402
-from specsample_cupy.generate_run import DecodeOptions, batches  # noqa: E402
+from specsample_cupy.batch import ray_driver as generate_ray  # noqa: E402
+from specsample_cupy.batch.inputs import Request, Settings  # noqa: E402
+from specsample_cupy.batch.outputs import ResultWriter  # noqa: E402
+from specsample_cupy.batch.ray_worker import DecodeWorker, WorkerSetup, share_row  # noqa: E402
+from specsample_cupy.batch.runner import DecodeOptions, batches  # noqa: E402
+from specsample_cupy.cli.generate import generate  # noqa: E402
 
 PROMPTS = ["the sea", "hello there", "a", "def f(x):", "rain", "so it goes"]
 GREEDY = ["--method", "greedy", "--temperature", "0", "--max-new-tokens", "8", "--batch-size", "4"]
@@ -188,7 +188,7 @@ def test_an_answer_that_comes_twice_is_written_once(tmp_path):
 
 @pytest.mark.parametrize("static", [False, True], ids=["continuous", "static"])
 def test_the_worker_reports_refused_requests_and_long_prompts_per_request(pair, monkeypatch, static):
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
 
     setup = WorkerSetup("in.jsonl", pair[0], pair[1], "cpu", 1, 4, DecodeOptions("exact", 5, False), 4, static)
     worker = DecodeWorker(setup)
@@ -208,7 +208,7 @@ def test_the_worker_reports_refused_requests_and_long_prompts_per_request(pair, 
 
 
 def test_a_stream_refused_midway_keeps_the_lines_it_finished(pair, monkeypatch):
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
 
     real = SpeculativeDecoder.generate_stream
 

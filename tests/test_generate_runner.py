@@ -17,12 +17,12 @@ pytest.importorskip("onnxruntime")
 
 from helpers_cli import split_runner  # noqa: E402
 from helpers_streams import failing_after_one  # noqa: E402
-from specsample_cupy.cli_decode import decode  # noqa: E402
-from specsample_cupy.cli_generate import generate  # noqa: E402
-from specsample_cupy.decoder import SpeculativeDecoder  # noqa: E402
-from specsample_cupy.generate_input import Request, Settings  # noqa: E402
-from specsample_cupy.generate_run import batches  # noqa: E402
-from specsample_cupy.seeds import key_of_id, request_seed  # noqa: E402
+from specsample_cupy.batch.inputs import Request, Settings  # noqa: E402
+from specsample_cupy.batch.runner import batches  # noqa: E402
+from specsample_cupy.cli.decode import decode  # noqa: E402
+from specsample_cupy.cli.generate import generate  # noqa: E402
+from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
+from specsample_cupy.verification.seeds import key_of_id, request_seed  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["the sea", "hello there", "a", "def f(x):", "rain", "so it goes"]
@@ -160,8 +160,8 @@ def test_logprobs_lines_carry_one_per_token(pair, reference, tmp_path, static):
 
 def test_ray_workers_write_logprobs_too(pair, reference):
     """--ray hands the run's DecodeOptions to its workers, whose runner writes the same lines."""
-    from specsample_cupy.generate_ray_worker import DecodeWorker, WorkerSetup
-    from specsample_cupy.generate_run import DecodeOptions
+    from specsample_cupy.batch.ray_worker import DecodeWorker, WorkerSetup
+    from specsample_cupy.batch.runner import DecodeOptions
     options = DecodeOptions("exact", 3, False, (), {"top_k": 20}, logprobs=True)
     worker = DecodeWorker(WorkerSetup("in", pair[0], pair[1], "cpu", 1, 4, options))
     settings = Settings(6, 0.8, 4)
@@ -327,7 +327,7 @@ def test_greedy_lines_equal_specsample_decode(pair, tmp_path):
 
 
 def test_input_format_detection_and_line_numbers():
-    from specsample_cupy.generate_input import read_requests
+    from specsample_cupy.batch.inputs import read_requests
 
     defaults = Settings(8, 1.0, 0)
     mostly_json = b'{"id": "a", "prompt": "x"}\r\n\n{oops\n{"id": "b", "prompt": "y", "seed": 3}\n'
@@ -346,7 +346,7 @@ def test_input_format_detection_and_line_numbers():
 
 
 def test_output_file_is_locked_and_bad_complete_lines_are_not_done(tmp_path):
-    from specsample_cupy.generate_output import OutputBusy, ResultWriter
+    from specsample_cupy.batch.outputs import OutputBusy, ResultWriter
 
     path = tmp_path / "out.jsonl"
     path.write_bytes(b'{"id": 1}\nnot json\n{"id": "b"}\n{"id": 2, "te')

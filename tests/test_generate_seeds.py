@@ -1,4 +1,4 @@
-"""Independent samples by default (specsample_cupy/seeds.py): every request draws from its own random
+"""Independent samples by default (specsample_cupy/verification/seeds.py): every request draws from its own random
 stream, derived from the run's base seed and the request's index (generate()) or id (`specsample
 generate`), so copies of one prompt are independent draws from the target's distribution, a request
 draws the same tokens alone or in any batch, and a request's own seed wins.
@@ -16,11 +16,11 @@ stats = pytest.importorskip("scipy.stats")
 
 from helpers_cli import split_runner  # noqa: E402
 from models.ort_decoder import OrtDecoder  # noqa: E402
-from specsample_cupy.cli_decode import decode  # noqa: E402
-from specsample_cupy.cli_generate import generate  # noqa: E402
-from specsample_cupy.continuous import StreamRequest  # noqa: E402
-from specsample_cupy.decoder import SpeculativeDecoder, default_model_dir  # noqa: E402
-from specsample_cupy.seeds import MASK64, key_of_id, request_seed, resolve_seeds  # noqa: E402
+from specsample_cupy.cli.decode import decode  # noqa: E402
+from specsample_cupy.cli.generate import generate  # noqa: E402
+from specsample_cupy.decode.continuous import StreamRequest  # noqa: E402
+from specsample_cupy.decode.decoder import SpeculativeDecoder, default_model_dir  # noqa: E402
+from specsample_cupy.verification.seeds import MASK64, key_of_id, request_seed, resolve_seeds  # noqa: E402
 
 COPIES = 2000
 PROMPT = "x"   # its first token is spread over dozens of likely ids (the issue's example)

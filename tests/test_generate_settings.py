@@ -1,4 +1,4 @@
-"""Runs that know their settings (specsample_cupy/generate_settings.py): every line of `specsample
+"""Runs that know their settings (specsample_cupy/batch/run_settings.py): every line of `specsample
 generate` records them, a resume with other settings (method, temperature, model, ...) is refused in one
 line before any model loads, --force-settings mixes them, and a resume with the same settings completes
 the file with every id exactly once. CPU, the tiny pair of conftest.py."""
@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from helpers_cli import split_runner  # noqa: E402
-from specsample_cupy import cli_generate  # noqa: E402
-from specsample_cupy.cli_generate import generate  # noqa: E402
-from specsample_cupy.generate_settings import SEED_RULE, first_difference, model_fingerprint  # noqa: E402
+from specsample_cupy.batch.run_settings import SEED_RULE, first_difference, model_fingerprint  # noqa: E402
+from specsample_cupy.cli import generate as cli_generate  # noqa: E402
+from specsample_cupy.cli.generate import generate  # noqa: E402
 
 PROMPTS = ["the sea", "hello there", "a", "def f(x):", "rain", "so it goes"]
 SETTINGS_KEYS = {"method", "gamma", "adaptive_gamma", "temperature", "max_new_tokens", "top_k", "top_p", "min_p",

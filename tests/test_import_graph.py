@@ -61,3 +61,51 @@ def test_no_import_cycles():
 def test_the_check_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) in (["a", "b", "c"], ["b", "c", "a"],
                                                                        ["c", "a", "b"])
+
+
+ROOT = PACKAGE.parent
+
+
+def _defined(path: Path) -> set:
+    """The names a module defines at its top level (assignments, defs, classes, imports) and those its
+    __all__ promises (a module-level __getattr__ may provide them)."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+                if isinstance(target, ast.Name) and target.id == "__all__":
+                    names |= {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.If, ast.Try)):
+            names |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            names |= {(a.asname or a.name).split(".")[0] for n in ast.walk(node)
+                      if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    return names
+
+
+def test_every_import_of_the_package_resolves():
+    """Every `import specsample_cupy.X` and `from specsample_cupy.X import Y` in the package, the tests, the
+    benchmarks, models/ and cli.py names a module that exists and a name it defines, read statically: code
+    that only runs on a GPU is checked too."""
+    mods = _modules()
+    files = [p for d in ("specsample_cupy", "tests", "benchmarks", "models") for p in (ROOT / d).rglob("*.py")]
+    missing = []
+    for path in files + [ROOT / "cli.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                missing += [(path.name, a.name) for a in node.names
+                            if a.name.startswith("specsample_cupy.") and a.name not in mods
+                            and not a.name.startswith(("specsample_cupy.kernels_cu", "specsample_cupy.models"))]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                    and node.module.split(".")[0] == "specsample_cupy":
+                if node.module not in mods:
+                    missing.append((path.name, node.module))
+                    continue
+                defined = _defined(mods[node.module])
+                missing += [(path.name, f"{node.module}.{a.name}") for a in node.names
+                            if a.name not in defined and f"{node.module}.{a.name}" not in mods]
+    assert not missing

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from specsample_cupy import kernel_runtime
+from specsample_cupy.runtime import kernel_runtime
 
 
 class FakeStream:
@@ -244,7 +244,8 @@ def test_captured_graph_survives_plan_eviction():
     """A graph captured from verify() keeps using its plan's workspace after more than the cache's
     limit of other plans were made (and their memory freed and reused)."""
     import cupy as cp
-    from specsample_cupy import kernels, verify
+    from specsample_cupy import verify
+    from specsample_cupy.verification import kernel_launch as kernels
     problem = _problem(5, B=16, G=5, V=4096)
     seed, offset = cp.asarray([123], cp.int64), cp.asarray([0], cp.int64)
     stream = cp.cuda.Stream(non_blocking=True)

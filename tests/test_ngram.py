@@ -1,9 +1,9 @@
-"""Prompt-lookup drafts (specsample_cupy/ngram.py): hand-made histories, argument errors, the NumPy
+"""Prompt-lookup drafts (specsample_cupy/decode/ngram.py): hand-made histories, argument errors, the NumPy
 path against a plain-loop reference on random histories, and the kernel against the NumPy path."""
 import numpy as np
 import pytest
 
-from specsample_cupy.ngram import propose_ngram
+from specsample_cupy.decode.ngram import propose_ngram
 
 PAD = -1
 
@@ -198,7 +198,7 @@ def test_numpy_path_equals_the_plain_loops_on_random_histories():
 @pytest.mark.gpu
 def test_kernel_equals_numpy_path_on_random_histories():
     import cupy
-    from specsample_cupy.ngram import propose_ngram_device
+    from specsample_cupy.decode.ngram import propose_ngram_device
     rng = np.random.default_rng(12)
     histories = 0
     for i in range(600):

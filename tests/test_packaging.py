@@ -17,4 +17,4 @@ def test_wheel_top_level_names(tmp_path):
     assert "specsample_cupy/kernels_cu/verify.cu" in names
     assert "specsample_cupy/models/stdlib-code/draft/tokenizer.json" in names
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "specsample = specsample_cupy.cli_main:main" in entry
+    assert "specsample = specsample_cupy.cli.main:main" in entry

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from specsample_cupy.philox import (PURPOSE_ACCEPT, PURPOSE_RESIDUAL, PURPOSE_SAMPLE, acceptance_uniform,
+from specsample_cupy.runtime.philox import (PURPOSE_ACCEPT, PURPOSE_RESIDUAL, PURPOSE_SAMPLE, acceptance_uniform,
                                     philox4x32_10, race_exponential, random_bits, random_row_bits)
 
 

@@ -3,7 +3,7 @@ handed out again only after its copy ran."""
 import numpy as np
 import pytest
 
-from specsample_cupy.pinned import MIN_SLOT_BYTES, PinnedRing
+from specsample_cupy.runtime.pinned import MIN_SLOT_BYTES, PinnedRing
 
 
 def _busy(cp, stream, ms: float = 20.0):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from helpers_verify import random_problem
-from specsample_cupy import reference
-from specsample_cupy.philox import (PURPOSE_ACCEPT, PURPOSE_RESIDUAL, acceptance_uniform, race_exponential,
+from specsample_cupy.verification import cpu_numpy as reference
+from specsample_cupy.runtime.philox import (PURPOSE_ACCEPT, PURPOSE_RESIDUAL, acceptance_uniform, race_exponential,
                                     random_bits, random_row_bits)
 from test_verify_cpu import _reference_verify_before, _spoil_rows
 

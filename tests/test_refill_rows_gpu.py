@@ -4,7 +4,7 @@ temperatures written, every other row and field left as it was."""
 import numpy as np
 import pytest
 
-from specsample_cupy import kernel_runtime
+from specsample_cupy.runtime import kernel_runtime
 
 
 def refill_reference(state, streams, temps, packed, n, B, P, C, E):

@@ -5,8 +5,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from specsample_cupy.decoder import SpeculativeDecoder
-from specsample_cupy.stop_strings import check_stop_strings, cut_text
+from specsample_cupy.decode.decoder import SpeculativeDecoder
+from specsample_cupy.decode.stop_strings import check_stop_strings, cut_text
 
 PROMPTS = ["def f(x):", "import os", "class A:"]
 KW = dict(max_new_tokens=48, gamma=1, method="greedy", ignore_eos=True)   # gamma 1: at most 2 tokens a round
@@ -69,7 +69,7 @@ def test_stop_string_arguments_and_cutting():
 
 
 def test_cli_stop_cuts_text_and_reports_stop(pair):
-    from specsample_cupy.cli_decode import decode
+    from specsample_cupy.cli.decode import decode
     args = ["--target", pair[0], "--draft", pair[1], "--prompt", "a", "--max-new-tokens", "30",
             "--method", "greedy", "--json"]
     full = json.loads(CliRunner().invoke(decode, args).stdout)

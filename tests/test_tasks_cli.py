@@ -11,7 +11,7 @@ pytest.importorskip("onnxruntime")
 
 from models.build_tiny import build_tiny_pair  # noqa: E402
 from models.build_tiny_whisper import build_tiny_whisper_pair  # noqa: E402
-from specsample_cupy.cli_eval import eval_group  # noqa: E402
+from specsample_cupy.cli.eval import eval_group  # noqa: E402
 
 LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
 SUMMARY_KEYS = {"items", "new_tokens", "rounds", "mean_accepted_per_round", "acceptance_rate",
@@ -22,7 +22,7 @@ ITEM_KEYS = {"id", "token_ids", "new_tokens", "rounds", "draft_lengths", "accept
 
 
 def _gpu_ready():
-    from specsample_cupy.sessions import cuda_available
+    from specsample_cupy.runtime.sessions import cuda_available
     return cuda_available()
 
 

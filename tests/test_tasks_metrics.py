@@ -81,7 +81,7 @@ def test_task_modules_import_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, cli, specsample_cupy.cli_eval, specsample_cupy.tasks.asr, "
+    code = ("import sys, cli, specsample_cupy.cli.eval, specsample_cupy.tasks.asr, "
             "specsample_cupy.tasks.summarize, specsample_cupy.tasks.audio, models.build_tiny_whisper, "
             "models.fetch_whisper_base, whisper_normalizer.english; "
             "assert 'torch' not in sys.modules, 'torch imported'")

@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("onnxruntime")
 
-from specsample_cupy.cli_eval import eval_group  # noqa: E402
+from specsample_cupy.cli.eval import eval_group  # noqa: E402
 from test_tasks_cli import _asr_manifest, _check_report, _invoke, text_pair, whisper_pair  # noqa: E402,F401
 
 

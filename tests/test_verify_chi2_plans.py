@@ -18,7 +18,7 @@ import pytest
 
 from helpers_verify import merged_chisquare, random_problem, softmax
 from specsample_cupy import verify
-from specsample_cupy.analysis import first_token_distribution
+from specsample_cupy.verification.analysis import first_token_distribution
 
 pytestmark = pytest.mark.gpu
 
@@ -38,7 +38,7 @@ CONFIGS = {
 
 
 def _plan(cfg):
-    from specsample_cupy.kernels import PlanOptions
+    from specsample_cupy.verification.kernel_launch import PlanOptions
     V, dtype, p1, p2, T, G = CONFIGS[cfg]
     return PlanOptions(p1_sweeps=p1, p2_sweeps=p2)
 
@@ -59,7 +59,7 @@ def _cast(a, dtype):
 
 
 def _check_plan(cfg, tokens, draft, target):
-    from specsample_cupy.kernels import MODE_LOGITS, plan_info
+    from specsample_cupy.verification.kernel_launch import MODE_LOGITS, plan_info
     V, dtype, *_ = CONFIGS[cfg]
     info = plan_info(tokens, draft, target, dtype_name=dtype, mode=MODE_LOGITS, options=_plan(cfg))
     assert (info["S1"], info["S2"]) == _expected_slices(cfg), info

@@ -6,7 +6,8 @@ from importlib import resources
 
 import pytest
 
-from specsample_cupy import errors, kernel_runtime, kernels, philox
+from specsample_cupy.runtime import errors, kernel_runtime, philox
+from specsample_cupy.verification import kernel_launch as kernels
 
 
 def test_generated_header_defines_every_code_and_purpose():
@@ -90,7 +91,7 @@ def test_plan_argument_is_type_checked():
 
 
 def test_p1_items_lengthen_at_small_batches_only_where_half_the_grid_stays_free():
-    from specsample_cupy.kernels import PlanOptions, _p1_sweeps
+    from specsample_cupy.verification.kernel_launch import PlanOptions, _p1_sweeps
     R, cap, fp32, fp16 = 11, 528, 1024, 2048            # gamma 5; an H200's grid; elements per sweep
     default, sized_only = PlanOptions(), PlanOptions(min_sweeps=1)
     # B = 1: the occupancy alone cuts V = 151936 into 38 items of 4 sweeps; 8192 elements make 19.

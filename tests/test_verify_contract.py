@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from helpers_verify import random_problem, softmax
-from specsample_cupy import errors, verify
-from specsample_cupy.verify import SAMPLING_ONLY
+from specsample_cupy import verify
+from specsample_cupy.runtime import errors
+from specsample_cupy.verification.api import SAMPLING_ONLY
 
 B, G, V = 4, 3, 24
 S = 1                     # the request that gets the edge case

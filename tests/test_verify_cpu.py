@@ -3,8 +3,10 @@ import numpy as np
 import pytest
 
 from helpers_verify import random_problem, softmax
-from specsample_cupy import errors, reference, sample_tokens, verify
-from specsample_cupy.philox import (PURPOSE_ACCEPT, PURPOSE_RESIDUAL, PURPOSE_SAMPLE, acceptance_uniform,
+from specsample_cupy import sample_tokens, verify
+from specsample_cupy.runtime import errors
+from specsample_cupy.verification import cpu_numpy as reference
+from specsample_cupy.runtime.philox import (PURPOSE_ACCEPT, PURPOSE_RESIDUAL, PURPOSE_SAMPLE, acceptance_uniform,
                                     random_bits)
 from test_philox import race_exponential_before, random_bits_before
 

@@ -69,7 +69,7 @@ def test_sigmoid_is_not_exact_and_its_distance_is_measured():
 def test_sigmoid_follows_its_closed_form_distribution():
     """The sigmoid path samples exactly the distribution analysis.first_token_distribution predicts
     (so the TV distances reported for it are those of the implementation)."""
-    from specsample_cupy.analysis import first_token_distribution, total_variation
+    from specsample_cupy.verification.analysis import first_token_distribution, total_variation
     rng = np.random.default_rng(11)
     V, G = 10, 2
     tokens, draft, target = random_problem(rng, DRAWS, G, V, closeness=0.5, share=True)

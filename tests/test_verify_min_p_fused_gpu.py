@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from specsample_cupy import verify
-from specsample_cupy.kernels import PlanOptions
+from specsample_cupy.verification.kernel_launch import PlanOptions
 
 pytestmark = pytest.mark.gpu
 
@@ -74,7 +74,7 @@ def test_fused_and_two_kernel_paths_agree():
 def test_fused_min_p_reports_bad_rows():
     """NaN / +Inf in a row and a row with no mass are reported as in every mode; other requests go on."""
     import cupy as cp
-    from specsample_cupy.errors import NO_MASS, TARGET_VALUES
+    from specsample_cupy.runtime.errors import NO_MASS, TARGET_VALUES
     rng = np.random.default_rng(3)
     B, G, V = 4, 2, 5000
     draft, target, tokens, _, _, _ = _case(rng, B, G, V, "float32", False)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from helpers_verify import merged_chisquare, softmax
-from specsample_cupy import errors, verify
+from specsample_cupy import verify
+from specsample_cupy.runtime import errors
 
 DRAWS = 200_000
 P_MIN = 1e-4

@@ -71,8 +71,8 @@ def test_two_streams_at_once_match_sequential(method, probs):
 @pytest.mark.parametrize("method, probs", [("exact", False), ("exact", True), ("sigmoid", False), ("greedy", False),
                                            ("sigmoid-paper", False), ("greedy", True)])
 def test_oversubscribed_and_single_block_grids_match_the_default_plan(method, probs):
-    from specsample_cupy.kernels import (MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, MODE_SIGMOID_PAPER, PlanOptions,
-                                         plan_info)
+    from specsample_cupy.verification.kernel_launch import (MODE_LOGITS, MODE_PROBS, MODE_SIGMOID,
+                                                            MODE_SIGMOID_PAPER, PlanOptions, plan_info)
     problem = _problem(20, probs=probs)
     mode = MODE_PROBS if probs else {"sigmoid": MODE_SIGMOID, "sigmoid-paper": MODE_SIGMOID_PAPER}.get(method, MODE_LOGITS)
     info = plan_info(*problem[:3], dtype_name="float32", mode=mode)
@@ -94,7 +94,7 @@ def test_oversubscribed_and_single_block_grids_match_the_default_plan(method, pr
 def test_oversubscribed_grid_on_small_items_matches():
     """Many small items (one sweep each) and more blocks than fit: P2 blocks wait on P1 items that
     later-starting blocks hold, which the ticket order makes safe."""
-    from specsample_cupy.kernels import MODE_LOGITS, PlanOptions, plan_info
+    from specsample_cupy.verification.kernel_launch import MODE_LOGITS, PlanOptions, plan_info
     problem = _problem(30, B=256, G=8, V=4096)
     base = PlanOptions(p1_sweeps=1, p2_sweeps=1)
     info = plan_info(*problem[:3], dtype_name="float32", mode=MODE_LOGITS, options=base)
@@ -109,7 +109,8 @@ def test_occupancy_counts_the_dynamic_shared_memory():
     """The default grid never exceeds what fits with the launch's dynamic shared memory: a large
     gamma makes the per-request row statistics (12 bytes a row) sizeable."""
     import cupy as cp
-    from specsample_cupy import kernel_runtime, kernels
+    from specsample_cupy.runtime import kernel_runtime
+    from specsample_cupy.verification import kernel_launch as kernels
     problem = _problem(40, B=16, G=200, V=1024)
     info = kernels.plan_info(*problem[:3], dtype_name="float32", mode=kernels.MODE_LOGITS)
     name = kernels.name_expression("f32", "int", 4, kernels.MODE_LOGITS)

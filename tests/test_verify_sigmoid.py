@@ -1,5 +1,5 @@
 """The two sigmoid methods sample exactly the rules they state (reference_verify's docstring,
-analysis.py's closed forms), on the CPU reference and on the kernel.
+verification/analysis.py's closed forms), on the CPU reference and on the kernel.
 
 Chi-square against the closed form, 200,000 draws per case, fixed seeds, fail below p = 1e-4.
 "sigmoid" (softmax-bonus) draws its bonus token exactly from softmax(z / T); "sigmoid-paper"
@@ -10,7 +10,7 @@ import pytest
 
 from helpers_verify import merged_chisquare, random_problem, softmax
 from specsample_cupy import verify
-from specsample_cupy.analysis import bonus_distribution, first_token_distribution, total_variation
+from specsample_cupy.verification.analysis import bonus_distribution, first_token_distribution, total_variation
 
 DRAWS = 200_000
 P_MIN = 1e-4

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from helpers_verify import sample_rows
-from specsample_cupy import errors, sample_tokens, verify
-from specsample_cupy.warps import MinPWarps, Warps, apply_warps, build_warps, make_warps, row_thresholds
+from specsample_cupy import sample_tokens, verify
+from specsample_cupy.runtime import errors
+from specsample_cupy.verification.truncation import (MinPWarps, Warps, apply_warps, build_warps, make_warps,
+                                                     row_thresholds)
 
 P_MIN = 1e-4
 NEG = -np.inf

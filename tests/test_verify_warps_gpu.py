@@ -1,5 +1,5 @@
 """Truncated sampling on the GPU (kernels_cu/warp_rows.cu and verify_kernel's warped mode) against
-the NumPy reference (specsample_cupy/warps.py): the thresholds row by row, the verification results
+the NumPy reference (specsample_cupy/verification/truncation.py): the thresholds row by row, the verification results
 per configuration, and chi-square of the first emitted token at realistic vocabulary sizes (several
 blocks per row, fixed seeds, fail below p = 1e-4)."""
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 
 from helpers_verify import merged_chisquare
 from specsample_cupy import verify
-from specsample_cupy.warps import make_warps, row_thresholds
+from specsample_cupy.verification.truncation import make_warps, row_thresholds
 
 pytestmark = pytest.mark.gpu
 P_MIN = 1e-4
@@ -36,7 +36,7 @@ def test_row_thresholds_match_the_reference(V, dtype, config, ties):
     """The record warp_rows.cu writes for every active row: the same max, the same dmax (the kept
     set), and the kept mass, as the reference computes them from the same float32 rows."""
     import cupy as cp
-    from specsample_cupy import kernels
+    from specsample_cupy.verification import kernel_launch as kernels
     rng = np.random.default_rng(V + len(config) + 7 * ties)
     B, G, T = 4, 3, 0.8
     draft, target = _rows(rng, B, G, V, dtype, ties)
@@ -132,7 +132,7 @@ def test_prebuilt_warps_equal_the_per_call_ones(config):
     build their warps from top_k / top_p / min_p give, bit for bit (the decode loop's path)."""
     import cupy as cp
     from specsample_cupy import sample_tokens
-    from specsample_cupy.warps import build_warps
+    from specsample_cupy.verification.truncation import build_warps
     rng = np.random.default_rng(len(config))
     B, G, V = 8, 3, 3000
     draft, target = (cp.asarray(a) for a in _rows(rng, B, G, V, "float32", False))

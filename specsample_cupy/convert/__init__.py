@@ -59,7 +59,7 @@ def _write_gpt2(ckpt: Checkpoint, out: Path, dtype: str, attention: str) -> dict
     """GPT-2's weights under models/export_onnx.py's names (Conv1D layout: the same as Hugging Face's)."""
     import onnx
 
-    from specsample_cupy.layout import models_module
+    from specsample_cupy.runtime.layout import models_module
     export_onnx = models_module("export_onnx")
     build_model, expected_weight_shapes, full_config = (export_onnx.build_model, export_onnx.expected_weight_shapes,
                                                         export_onnx.full_config)

@@ -9,8 +9,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specsample_cupy.ngram import NGRAM
-from specsample_cupy.verify import ONEHOT_METHODS, SAMPLING_ONLY
+from specsample_cupy.decode.ngram import NGRAM
+from specsample_cupy.verification.api import ONEHOT_METHODS, SAMPLING_ONLY
 from specsample_cupy.tasks.report import (add_relative_changes, plot_verify_times, render_table,
                                           summarize_method, write_json)
 

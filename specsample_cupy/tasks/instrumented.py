@@ -6,7 +6,7 @@ calls on_round after each round the host reads. ``StepRecorder`` adds:
 
 * stats["draft_lengths"], stats["accepted_per_round"]: per speculative round, summed over the batch
   (the evaluations decode one item per call, so these are that item's numbers);
-* stop_strings: passed to generate()'s stop (specsample_cupy/stop_strings.py);
+* stop_strings: passed to generate()'s stop (specsample_cupy/decode/stop_strings.py);
 * prompts given as token-id lists (Whisper's forced decoder prefix).
 """
 from __future__ import annotations

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from specsample_cupy.decoder import SpeculativeDecoder
-from specsample_cupy.ngram import NGRAM
+from specsample_cupy.decode.decoder import SpeculativeDecoder
+from specsample_cupy.decode.ngram import NGRAM
 from specsample_cupy.tasks.datasets import NoUsableItems, Skipped, load_summary_items
 from specsample_cupy.tasks.evaluation import (RunSettings, check_ngram_methods, draft_label, finish_report,
                                               item_record, progress_bar)

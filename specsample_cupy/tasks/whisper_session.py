@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specsample_cupy.sessions import ModelSpec, array_module, overlay_ids
+from specsample_cupy.runtime.sessions import ModelSpec, array_module, overlay_ids
 from specsample_cupy.tasks.datasets import DataError
 from specsample_cupy.tasks.whisper_config import WhisperSpec, load_whisper_spec
 
@@ -34,12 +34,12 @@ _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
 class OrtRunner:
     """One InferenceSession; feeds/returns NumPy on the CPU, CuPy (IO binding) on the GPU.
 
-    Sessions are created by sessions.py's helper, so on the GPU they run on
+    Sessions are created by runtime/sessions.py's helper, so on the GPU they run on
     the decoder's CUDA stream, like the decoder-only sessions.
     """
 
     def __init__(self, path: Path, device: str, stream=None, device_id: int = 0):
-        from specsample_cupy.sessions import _inference_session
+        from specsample_cupy.runtime.sessions import _inference_session
 
         if not path.is_file():
             raise DataError(f"missing ONNX file {path}")
@@ -199,7 +199,7 @@ class WhisperCache:
 
 
 class WhisperDecoderSession:
-    """The merged decoder behind the interface of sessions.DecoderSession, for decoder.py's loop.
+    """The merged decoder behind the interface of sessions.DecoderSession, for decode/decoder.py's loop.
 
     ``set_encoder_output`` gives it the current utterance; ``new_cache`` then
     starts an empty decoder state for it; ``forward(cache, ids, mask, positions)``

@@ -1,0 +1,1 @@
+"""`specsample generate`: datasets of prompts decoded to JSONL lines, resumable, locally or on Ray."""

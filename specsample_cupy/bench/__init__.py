@@ -1,0 +1,1 @@
+"""`specsample bench verify` and `specsample bench decode`: timings against the baseline of the same run."""

@@ -1,0 +1,1 @@
+"""The `specsample` command line (main: the group; one module per command)."""

@@ -1,0 +1,401 @@
+"""The verification kernel (kernels_cu/verify.cu): one compiled instantiation per (dtype, token
+dtype, vector width, mode, line info), and launch plans, both through specsample_cupy.kernel_runtime.
+
+The launch is a single grid whose blocks take work items in order from a ticket counter (see the
+header of verify.cu), sized by default to the blocks that fit on the device at once. A plan per
+(shapes, dtypes, mode, device, stream, PlanOptions) holds the grid, the slicing, the workspace
+(ticket and request counters, per-slice statistics, race winners; the kernel leaves every counter
+at zero, so no memset per call) and a prebuilt parameter block, so the host work per call is a
+handful of slot writes and one driver launch. Plans live in a kernel_runtime.PlanCache of
+PLAN_LIMIT plans, plus those used during a CUDA graph capture, which stay for the process.
+
+Constants shared with the CUDA sources (error codes, Philox purposes) are defined once in Python
+(specsample_cupy/errors.py, specsample_cupy/philox.py): kernel_runtime.kernel_source() replaces
+every `#include "codes.cuh"` line with the header kernel_runtime.codes_header() generates from
+them. Offline compilers use the same text: `python3 -m specsample_cupy.kernels --source NAME.cu`
+(one self-contained source) or `--codes-header` (the header alone).
+"""
+import ctypes
+import dataclasses
+import functools
+import math
+import numbers
+
+from specsample_cupy.runtime import kernel_runtime
+from specsample_cupy.runtime.kernel_runtime import codes_header, kernel_source
+
+MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, MODE_SIGMOID_PAPER = 0, 1, 2, 3
+MODE_WARPED = 4     # logits truncated by top-k / top-p / min-p (row statistics from warp_rows.cu)
+MODE_MIN_P = 5      # logits truncated by min-p alone (row statistics fused into verify.cu's P1)
+WARP_CLUSTER = 8    # warp_rows.cu's WR_CLUSTER: blocks per row, each holding a slice in shared memory
+WARP_THREADS = 256  # warp_rows.cu's WR_THREADS
+WARP_RECORD = 6     # warp_record.cuh's SS_RECORD: floats per row record
+CAND_INTS = 6       # verify.cu's SS_CAND: ints per P2 slice's race candidates
+MIN_P_LIST = 1024   # verify.cu's SS_LIST: candidates per warp of a min-p slice of several load groups
+THREADS = 256
+_DTYPE_TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+_TOKEN_TYPE = {"int32": "int", "int64": "long long"}
+_ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2}
+
+
+def name_expression(tag, token, vec, mode):
+    return f"verify_kernel<{tag}, {token}, {vec}, {mode}>"
+
+
+def all_name_expressions():
+    """Every instantiation the package can launch (CI compiles all of them with nvcc)."""
+    out = []
+    for tag in _DTYPE_TAG.values():
+        for token in _TOKEN_TYPE.values():
+            for vec in (1, 16 // _ITEMSIZE[tag]):
+                for mode in (MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, MODE_SIGMOID_PAPER, MODE_WARPED, MODE_MIN_P):
+                    out.append(name_expression(tag, token, vec, mode))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+    """Explicit parameters of the verification kernel's launch plan, for tuning, tests and
+    sanitizer runs; the defaults are the production plan. Every field is part of the plan cache
+    key, and `lineinfo` also of the compiled-module cache key.
+
+    max_sweeps: most sweeps (THREADS * VEC consecutive elements of a row) per work item.
+    min_sweeps: fewest sweeps per work item where the plan sizes them (fewer, longer items: fewer
+        arrivals on a request's counter); None: 1, and P1 items of MIN_ITEM_ELEMENTS elements where
+        those leave half the grid free.
+    p1_sweeps: sweeps per P1 item (one vocabulary slice of one row), forcing
+        ceil(V / (p1_sweeps * THREADS * VEC)) slices per row; None sizes them from the occupancy.
+    p2_sweeps: sweeps per P2 item (one slice of the emitted row), forcing that many P2 blocks per
+        request likewise; None sizes them from the occupancy.
+    lag_waves: how far, in waves of the grid, a request's P2 items follow its P1 items in the item
+        order (so P2 blocks rarely wait); 0 puts them right after.
+    grid: blocks launched; None launches min(work items, blocks resident at once). Any value is
+        correct: work is handed out in order from a ticket counter, so extra blocks only queue and
+        a single block does everything in turn. Changing it never changes the result.
+    lineinfo: compile with --generate-line-info (source lines in compute-sanitizer reports).
+    """
+    max_sweeps: int = 256
+    min_sweeps: int | None = None
+    p1_sweeps: int | None = None
+    p2_sweeps: int | None = None
+    lag_waves: float = 4.0
+    grid: int | None = None
+    lineinfo: bool = False
+
+    def __post_init__(self):
+        for name in ("max_sweeps", "min_sweeps", "p1_sweeps", "p2_sweeps", "grid"):
+            v = getattr(self, name)
+            if v is None and name in ("min_sweeps", "p1_sweeps", "p2_sweeps", "grid"):
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"PlanOptions.{name} must be a positive int, got {v!r}")
+        if self.min_sweeps is not None and self.min_sweeps > self.max_sweeps:
+            raise ValueError(f"PlanOptions.min_sweeps ({self.min_sweeps}) > max_sweeps ({self.max_sweeps})")
+        if not (isinstance(self.lag_waves, (int, float)) and 0 <= self.lag_waves < float("inf")):
+            raise ValueError(f"PlanOptions.lag_waves must be finite and >= 0, got {self.lag_waves!r}")
+        if not isinstance(self.lineinfo, bool):
+            raise ValueError(f"PlanOptions.lineinfo must be a bool, got {self.lineinfo!r}")
+
+
+DEFAULT_PLAN = PlanOptions()
+
+
+def _kernel(name, lineinfo):
+    """The compiled instantiation `name` of verify.cu for the current device."""
+    return kernel_runtime.functions("verify.cu", (name,), lineinfo=lineinfo)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _resident_blocks(device_id, name, lineinfo, shared_bytes):
+    """Blocks of this kernel that fit on the device at once with `shared_bytes` of dynamic shared
+    memory each (what the launch passes): the default grid's size."""
+    import cupy
+    kern = _kernel(name, lineinfo)
+    sms = cupy.cuda.Device(device_id).attributes["MultiProcessorCount"]
+    try:
+        per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kern.kernel.ptr, THREADS, shared_bytes)
+    except AttributeError:
+        regs = max(kern.attributes["num_regs"], 1)
+        per_sm = min(2048 // THREADS, 65536 // (((regs + 7) // 8 * 8) * THREADS))
+    return max(per_sm, 1) * sms
+
+
+# Elements of a row per P1 item at small batches (PlanOptions.min_sweeps None). Filling the grid there
+# cut rows into items of one or a few sweeps, and every item pays a ticket, a fence, its statistics'
+# write and an arrival on its request's counter, which P2 then combines. Items of 8192 elements are
+# faster where they leave half the grid free (B = 1, gamma = 5, H200: plain exact 19.6 -> 17.7 µs at
+# float32, V = 151936; 15.2 -> 13.1 at V = 32000), slower where the grid was full (B = 8, V = 32000:
+# 17.6 -> 19.7); min-p's register path holds one such item (benchmarks/NOTES.md, "P1 items at small
+# batches").
+MIN_ITEM_ELEMENTS = 8192
+
+
+def _sweeps_per_item(total_sweeps, capacity, max_sweeps, min_sweeps):
+    """Sweeps (THREADS * VEC) per work item: few enough items to fit one wave of the grid when the
+    problem is small (latency: every load in flight at once), as much work per item as allowed
+    when it is large (each item pays a ticket, a fence, an atomic and a few barriers)."""
+    return max(min_sweeps, min(max_sweeps, -(-total_sweeps // capacity)))
+
+
+def _p1_sweeps(V, rows, sweep, capacity, opts):
+    """Sweeps per P1 item for `rows` rows of V elements, sweeps of `sweep` elements, a grid of
+    `capacity` resident blocks: sized from the occupancy, then lengthened to MIN_ITEM_ELEMENTS where
+    such items leave half the grid free (opts.min_sweeps None)."""
+    sized = _sweeps_per_item(-(-V // sweep) * rows, capacity, opts.max_sweeps, opts.min_sweeps or 1)
+    if opts.min_sweeps is None:
+        longer = max(sized, min(opts.max_sweeps, MIN_ITEM_ELEMENTS // sweep))
+        if 2 * rows * -(-V // (sweep * longer)) <= capacity:
+            return longer
+    return sized
+
+
+class _Plan:
+    """Everything about a launch that depends only on shapes, dtypes, mode, device, stream and
+    PlanOptions: the kernel, the grid, the slicing, a private workspace whose counters start (and
+    are left by every launch) at zero, and a prebuilt kernel-parameter block so that a call only
+    rewrites the pointers and scalars that change."""
+
+    def __init__(self, B, G, V, tag, token, vec, mode, device_id, opts):
+        import cupy
+        name = name_expression(tag, token, vec, mode)
+        self.kern = _kernel(name, opts.lineinfo)
+        R = 2 * G + 1                 # rows per request: gamma + 1 target rows, gamma draft rows
+        # Dynamic: the combined statistics of one request's rows; min-p: then (16-byte aligned) 8 warps'
+        # candidate lists of MIN_P_LIST floats (verify.cu's SS_LIST).
+        self.shared_bytes = R * 12 if mode != MODE_MIN_P else (3 * R + 3) // 4 * 16 + 8 * MIN_P_LIST * 4
+        capacity = _resident_blocks(device_id, name, opts.lineinfo, self.shared_bytes)
+        sweep = THREADS * vec
+        sweeps = -(-V // sweep)
+        C1 = sweep * (opts.p1_sweeps or _p1_sweeps(V, B * R, sweep, capacity, opts))
+        S1 = -(-V // C1)
+        if mode in (MODE_WARPED, MODE_SIGMOID, MODE_SIGMOID_PAPER):
+            S1 = 0   # warped: the statistics come from warp_rows.cu; sigmoid: P2 reads what it needs
+        # P2: when P1 leaves part of the grid free, split the emitted rows over just that part,
+        # so no P2 item waits for a block.
+        spare = capacity - B * R * S1
+        if opts.p2_sweeps:
+            C2 = sweep * opts.p2_sweeps
+        elif spare >= B:
+            C2 = sweep * -(-sweeps // max(1, spare // B))
+        else:
+            C2 = sweep * _sweeps_per_item(sweeps * B, capacity, opts.max_sweeps, opts.min_sweeps or 1)
+        S2 = -(-V // C2)
+        per_request = R * S1 + S2
+        items = B * per_request
+        auto_grid = max(1, min(items, capacity))
+        grid = opts.grid or auto_grid
+        lag = max(1, math.ceil(opts.lag_waves * auto_grid / per_request)) if opts.lag_waves > 0 else 0
+        if items + grid >= 2 ** 31:
+            raise ValueError(f"verify: {items} work items and {grid} blocks exceed the kernel's 31-bit ticket counter")
+        # [req B | fin B | err B | ticket | row errors B R | min-p: row max keys B R | row counts B R],
+        # partials
+        counters, part = 3 * B + 1 + B * R + (2 * B * R if mode == MODE_MIN_P else 0), B * R * S1 * 3
+        self.workspace = cupy.zeros(counters + part + B * S2 * CAND_INTS, dtype=cupy.int32)
+        self.err_ptr = self.workspace.data.ptr + 4 * 2 * B      # the per-request error bits
+        self.record = cupy.empty(B * R * WARP_RECORD, cupy.float32) if mode == MODE_WARPED else None
+        self.grid, self.capacity = grid, capacity
+        self.S1, self.C1, self.S2, self.C2, self.lag = S1, C1, S2, C2, lag
+        self.out_size = 3 * B + B * (G + 1)
+        c = ctypes
+        self.launch = kernel_runtime.Launch(self.kern, [
+            c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_float(), c.c_int32(),
+            c.c_uint64(), c.c_void_p(), c.c_uint64(), c.c_void_p(), c.c_void_p(), c.c_float(), c.c_float(),
+            c.c_uint32(), *(c.c_int32(v) for v in (B, G, V, S1, C1, S2, C2, lag)),
+            c.c_void_p(self.workspace.data.ptr), c.c_int64(counters), c.c_int64(counters + part),
+            ("record", c.c_void_p(0 if self.record is None else self.record.data.ptr)), ("out", c.c_void_p())])
+        self.warp = _WarpRows(tag, vec, B, G, V, device_id, self.err_ptr, self.record) \
+            if mode == MODE_WARPED else None
+        self.tag, self.B, self.G, self.V = tag, B, G, V
+        self._logprobs = None
+
+    def logprobs(self, stream, target_ptr, temps_ptr, temp_scalar, greedy, out, logprobs):
+        """Warped mode: the emitted tokens' log-probabilities [B, G + 1] into `logprobs` (float32),
+        from this plan's row records and the output `out` of its last launch (stream order)."""
+        if self._logprobs is None:
+            kern, = kernel_runtime.functions("warp_rows.cu", (f"emitted_logprobs_kernel<{self.tag}>",))
+            c = ctypes
+            self._logprobs = kernel_runtime.Launch(kern, [
+                c.c_void_p(), c.c_void_p(self.record.data.ptr), c.c_void_p(), c.c_void_p(), c.c_float(),
+                c.c_int32(), c.c_int32(self.B), c.c_int32(self.G), c.c_int32(self.V), ("logprobs", c.c_void_p())])
+        n = self.B * (self.G + 1)
+        self._logprobs(stream, -(-n // THREADS), THREADS, leading=(target_ptr, self.record.data.ptr, out.data.ptr,
+                                                                    temps_ptr, temp_scalar, greedy),
+                       logprobs=logprobs.data.ptr)
+
+    def __call__(self, stream, head, out, span=None):
+        """head: the 15 leading kernel arguments (pointers as ints); out: the output array; span:
+        mode MODE_MIN_P's [B] float32 spans. One locked launch writes them all, so threads sharing
+        the plan (one stream) never mix their arguments."""
+        named = {} if span is None else {"record": span.data.ptr}
+        self.launch(stream, self.grid, THREADS, self.shared_bytes, leading=head, out=out.data.ptr, **named)
+
+
+PLAN_LIMIT = 256
+_plans = kernel_runtime.PlanCache(PLAN_LIMIT)
+
+
+def _ptr(a):
+    return 0 if a is None else a.data.ptr
+
+
+def vec_width(dtype_name, V, *arrays):
+    """(kernel dtype tag, elements per 16-byte load) for rows of V entries of this dtype: scalar loads
+    where V or an array's address is not 16-byte aligned."""
+    tag = _DTYPE_TAG[dtype_name]
+    vec = 16 // _ITEMSIZE[tag]
+    if V % vec or any(a.data.ptr % 16 for a in arrays if a is not None and a.size):
+        vec = 1  # rows not 16-byte aligned: scalar loads
+    return tag, vec
+
+
+def _plan(draft_tokens, draft, target, dtype_name, mode, options):
+    import cupy
+    B, G1, V = target.shape
+    tag, vec = vec_width(dtype_name, V, target, draft)
+    stream = cupy.cuda.get_current_stream()
+    options = DEFAULT_PLAN if options is None else options
+    key = (B, G1, V, tag, draft_tokens.dtype.char, vec, mode, cupy.cuda.runtime.getDevice(), stream.ptr, options)
+
+    def make():
+        return _Plan(B, G1 - 1, V, tag, _TOKEN_TYPE[draft_tokens.dtype.name], vec, mode, key[7], options)
+
+    return _plans.get(key, make, stream), stream
+
+
+def plan_info(draft_tokens, draft, target, *, dtype_name, mode, options=None):
+    """The plan a launch with these arrays on the current stream uses: dict(grid, capacity (blocks
+    resident at once), S1/C1 (P1 slices per row / their length), S2/C2 (P2 slices), lag)."""
+    plan, _ = _plan(draft_tokens, draft, target, dtype_name, mode, options)
+    return dict(grid=plan.grid, capacity=plan.capacity, S1=plan.S1, C1=plan.C1, S2=plan.S2, C2=plan.C2,
+                lag=plan.lag)
+
+
+class _WarpRows:
+    """warp_rows.cu for one plan (dtype, B, G, V): one cluster of WARP_CLUSTER blocks per row, each
+    block holding a 1 / WARP_CLUSTER slice of the row (as float32) in dynamic shared memory. It
+    writes the plan's row records and ORs value errors into the plan's per-request error bits.
+    kernel: the compiled warp_rows_kernel<tag, vec> to launch (default: this package's; a benchmark
+    passes another revision's)."""
+
+    def __init__(self, tag, vec, B, G, V, device_id, err_ptr, record, kernel=None):
+        import cupy
+        kern = kernel or kernel_runtime.functions("warp_rows.cu", (f"warp_rows_kernel<{tag}, {vec}>",))[0]
+        C = -(-V // WARP_CLUSTER)
+        C = -(-C // vec) * vec     # slices start on vec boundaries: 16-byte loads stay aligned
+        self.shared_bytes = 4 * C
+        limit = cupy.cuda.Device(device_id).attributes["MaxSharedMemoryPerBlockOptin"]
+        static = kern.attributes["shared_size_bytes"]
+        if self.shared_bytes + static > limit:
+            raise ValueError(f"top_k / top_p / min_p on this GPU support vocabularies up to "
+                             f"{WARP_CLUSTER * ((limit - static) // 4)} entries, got V={V}")
+        # Dynamic shared memory above 48 KB must be allowed per function
+        # (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8).
+        cupy.cuda.driver.funcSetAttribute(kern.kernel.ptr, 8, self.shared_bytes)
+        self.grid = B * (2 * G + 1) * WARP_CLUSTER
+        self.G, self.V = G, V
+        c = ctypes
+        self.launch = kernel_runtime.Launch(kern, [
+            c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_float(), c.c_int32(),
+            c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_int32(B), c.c_int32(G), c.c_int32(V), c.c_int32(C),
+            ("tpitch", c.c_int64((G + 1) * V)), c.c_void_p(err_ptr), c.c_void_p(record.data.ptr)])
+
+    def __call__(self, stream, head, warps, tpitch=None):
+        """head: draft, target, lengths, temps (pointers), temp_scalar, greedy_all. tpitch: elements
+        from one request's target rows to the next's (default (G + 1) V: [B, G + 1, V])."""
+        pitch = (self.G + 1) * self.V if tpitch is None else tpitch
+        self.launch(stream, self.grid, WARP_THREADS, self.shared_bytes,
+                    leading=head + (warps.top_k.data.ptr, warps.top_p.data.ptr, warps.span.data.ptr), tpitch=pitch)
+
+
+class RowWarps:
+    """warp_rows.cu over one logits row per request, for the device loop's samplers (decode_round.cu
+    reads `record` [B, WARP_RECORD]: the row's maximum M and truncation threshold dmax): the last of
+    the S columns of a [B, S, V] run output, which need not be contiguous rows. Value errors it finds
+    go to a scratch buffer: the samplers report them themselves."""
+
+    def __init__(self, dtype_name, B, V, device_id):
+        import cupy
+        self.B, self.V = B, V
+        tag, vec = vec_width(dtype_name, V)   # run outputs are allocation-aligned: V decides
+        self.itemsize = _ITEMSIZE[tag]
+        self.record = cupy.empty(B * WARP_RECORD, cupy.float32)
+        self._errors = cupy.zeros(B, cupy.int32)
+        self._rows = _WarpRows(tag, vec, B, 0, V, device_id, self._errors.data.ptr, self.record)
+
+    def __call__(self, stream, logits_ptr, S, temperature, warps):
+        """Enqueue: rows logits[b, S - 1] of a [B, S, V] output at logits_ptr, at this temperature
+        (0: greedy, nothing truncated; or [B] float32 CuPy, each row's), warps: a Warps of [B] CuPy
+        arrays."""
+        last = logits_ptr + (S - 1) * self.V * self.itemsize
+        if isinstance(temperature, numbers.Real):
+            head = (0, last, 0, 0, float(temperature), int(temperature == 0))
+        else:
+            head = (0, last, 0, temperature.data.ptr, 1.0, 0)
+        self._rows(stream, head, warps, tpitch=S * self.V)
+
+
+def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scalar, seed, offset,
+           mode, sigmoid_offset, sigmoid_scale, race_purpose, greedy=False, options=None, out=None,
+           warps=None, logprobs=None, streams=None):
+    """Enqueue the verification kernel on the current stream. Returns the int32 output buffer
+    [accepted B | emitted B | error B | tokens B*(G+1)]: `out` when given (a caller that reuses one
+    buffer must have consumed the previous result in stream order), else a new array.
+    greedy: every request greedy (method "greedy"); temps are then only checked.
+    draft: [B, G, V] logits/probabilities, or None for one-hot drafts (q(x_i) = 1).
+    options: PlanOptions (None: the default plan). seed/offset: ints, or one-element int64 CuPy
+    arrays (read by the kernel when it runs). streams: None or a C-contiguous [B, 2] int64 CuPy
+    array of per-request (seed, offset) (verify()'s argument; the kernel then ignores seed/offset).
+    warps: modes MODE_WARPED and MODE_MIN_P only: a specsample_cupy.warps.Warps of CuPy arrays;
+    MODE_WARPED runs warp_rows.cu first, which writes every row's statistics and truncation;
+    MODE_MIN_P reads warps.span alone (a warps.MinPWarps: top_k / top_p off).
+    logprobs: mode MODE_WARPED only: a float32 CuPy array of B * (G + 1) that gets the emitted tokens'
+    log-probabilities (warp_rows.cu's emitted_logprobs_kernel, after the verification)."""
+    import cupy
+    plan, stream = _plan(draft_tokens, draft, target, dtype_name, mode, options)
+    if out is None or out.size != plan.out_size:
+        out = cupy.empty(plan.out_size, dtype=cupy.int32)
+    seed_dev = isinstance(seed, cupy.ndarray)
+    offset_dev = isinstance(offset, cupy.ndarray)
+    # draft None: one-hot drafts (the kernel reads no draft row); gamma = 0: never read.
+    draft_ptr = 0 if draft is None else (draft.data.ptr if draft.size else target.data.ptr)
+    if mode == MODE_WARPED:
+        plan.warp(stream, (draft_ptr, target.data.ptr, _ptr(lengths), _ptr(temps), float(temp_scalar or 0.0),
+                           int(bool(greedy))), warps)
+    plan(stream, (draft_tokens.data.ptr, draft_ptr, target.data.ptr, _ptr(lengths), _ptr(temps),
+                  float(temp_scalar or 0.0), int(bool(greedy)),
+                  0 if seed_dev else int(seed) & 0xFFFFFFFFFFFFFFFF, seed.data.ptr if seed_dev else 0,
+                  0 if offset_dev else int(offset) & 0xFFFFFFFFFFFFFFFF, offset.data.ptr if offset_dev else 0,
+                  _ptr(streams), float(sigmoid_offset), float(sigmoid_scale), int(race_purpose)), out,
+         span=warps.span if mode == MODE_MIN_P else None)
+    if logprobs is not None:
+        plan.logprobs(stream, target.data.ptr, _ptr(temps), float(temp_scalar or 0.0), int(bool(greedy)), out,
+                      logprobs)
+    return out
+
+
+def instantiation_source():
+    """verify.cu plus a function that takes the address of every instantiation, so that an
+    offline `nvcc -Xptxas -v` compiles (and reports registers/spills for) each one."""
+    refs = "\n".join(f"  (void)&{name};" for name in all_name_expressions())
+    return kernel_source() + f"\nvoid specsample_instantiate_all() {{\n{refs}\n}}\n"
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(prog="python3 -m specsample_cupy.kernels",
+                                 description="Print CUDA source as the package compiles it (default: verify.cu "
+                                             "with every instantiation named, for an offline nvcc).")
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--source", metavar="NAME.cu", help="one kernels_cu/ source, self-contained")
+    group.add_argument("--codes-header", action="store_true", help="the generated codes.cuh alone")
+    args = ap.parse_args(argv)
+    if args.codes_header:
+        print(codes_header(), end="")
+    elif args.source:
+        print(kernel_source(args.source))
+    else:
+        print(instantiation_source())
+
+
+if __name__ == "__main__":
+    main()
