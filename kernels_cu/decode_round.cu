@@ -1,4 +1,4 @@
-// The bookkeeping of a speculative decoding round on the device (specsample_cupy/decode_device.py),
+// The bookkeeping of a speculative decoding round on the device (specsample_cupy/decode/device_loop.py),
 // so that the host can enqueue a whole round without reading anything back first. Between two model
 // runs exactly one of these kernels runs; it also writes the next run's feeds (input_ids,
 // position_ids, attention_mask, the buffers ONNX Runtime's captured graphs read).
@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(SS_THREADS) refill_rows(const long long* __res
   }
 }
 
-// The instantiations decode_device.py launches (named here too so that an offline nvcc compiles them).
+// The instantiations decode/device_loop.py launches (named here too so that an offline nvcc compiles them).
 #define SS_DRAFT_STEP_DONE(T, VEC)                                                                              \
   template __global__ void draft_step_done<T, VEC>(                                                             \
       const T::storage*, int, int, float, unsigned long long, unsigned, const float*, const long long*,         \

@@ -30,7 +30,7 @@
 // batches) is kept in registers while the row's slices agree on its maximum M (each publishes its
 // own through an atomic max on order-preserving keys and counts itself in on a per-row counter,
 // then waits for the row's count); then it sums exp((z - M) / T) over its entries with M - z <= span
-// (warps.py's rule) from the registers, so the row is read once, as in plain exact. A longer slice
+// (verification/truncation.py's rule) from the registers, so the row is read once, as in plain exact. A longer slice
 // (large batches give a block a whole row, and then no agreement is needed) keeps per warp a
 // shared-memory list of the entries within the span of the warp's running maximum and sums the
 // kept ones from it (scan_kept_lists). The wait relies on a row's slices holding consecutive
@@ -168,7 +168,7 @@ struct Verifier {
   float* lists;         // SS_MODE_MIN_P: SS_WARPS lists of SS_LIST candidates (shared memory)
   int *accepted, *emitted, *error, *tokens;
 
-  // Temperature rules (the same in specsample_cupy/reference.py): negative or non-finite, or 0 for
+  // Temperature rules (the same in specsample_cupy/verification/cpu_numpy.py): negative or non-finite, or 0 for
   // sigmoid (no greedy mode), is an error and the request is then checked at temperature 1;
   // 0 otherwise means greedy; greedy_all (method "greedy") makes every request greedy.
   __device__ __forceinline__ Request request(int b) const {
@@ -622,7 +622,7 @@ struct Verifier {
     bool in_range;
   };
 
-  // The truncated modes: row r of request b keeps raw value z iff M - z <= dmax (warps.py's rule).
+  // The truncated modes: row r of request b keeps raw value z iff M - z <= dmax (verification/truncation.py's rule).
   __device__ __forceinline__ void row_limit(int b, int r, float& M, float& dmax) const {
     if constexpr (MODE == SS_MODE_WARPED) {
       const float* rec = record + (long long)(b * R + r) * SS_RECORD;
@@ -692,7 +692,7 @@ struct Verifier {
   // the first position with a draft id outside [0, V), invalid data where it reads (exact,
   // probabilities, greedy: the position's rows, whose statistics need them whole; sigmoid: the two
   // token logits, NaN or +Inf), or a rejection; only the rows at n are read after it (the residual
-  // or the bonus row), and only the rows a decision reads are validated (reference.py's rule; the
+  // or the bonus row), and only the rows a decision reads are validated (verification/cpu_numpy.py's rule; the
   // truncated modes validate every row: warp_rows.cu reads them all). `first` holds this lane's
   // gathered position `lane` (positions 32.. are gathered here). Every id among the first L drafts
   // is range-checked, also past n.

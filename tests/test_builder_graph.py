@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers_convert import TINY
 from helpers_decode_gpu import GPU_DECODE
-from specsample_cupy.builder_graph import TOTAL, for_fixed_bindings, rewrite
+from specsample_cupy.runtime.builder_graph import TOTAL, for_fixed_bindings, rewrite
 from test_convert_decode import PROMPTS, converted_self_pair
 from test_convert_gqa import _Buffers
 
@@ -83,7 +83,7 @@ def test_rewritten_copy_is_cached(tmp_path):
 @GPU_DECODE[0]
 @GPU_DECODE[1]
 def test_builder_folders_decode_on_the_device_loop(pair, tmp_path):
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     (target, draft), root = pair
     decoder = SpeculativeDecoder(builder_folder(target, tmp_path / "t"), builder_folder(draft, tmp_path / "d"),
                                  device="cuda")

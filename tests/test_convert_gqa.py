@@ -109,7 +109,7 @@ def test_unknown_layout_is_refused(tmp_path):
 
 def test_the_host_loop_refuses_the_layout(tmp_path):
     """On the CPU (no fixed bindings) a GroupQueryAttention folder is refused in one line naming the way out."""
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     from test_convert_decode import converted_self_pair
     target, draft = converted_self_pair(tmp_path, "float32", attention="gqa")
     with pytest.raises(ValueError, match="--attention onnx"):

@@ -43,7 +43,7 @@ def _each(decoder, **kw):
 
 
 def test_self_pair_accepts_everything_with_graphs(self_pair):
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     decoder = SpeculativeDecoder(*self_pair, device="cuda")
     alone, alone_out = _each(decoder, max_new_tokens=32, **TARGET)
     spec, spec_out = _each(decoder, max_new_tokens=32, gamma=4, **GREEDY)
@@ -56,7 +56,7 @@ def test_self_pair_accepts_everything_with_graphs(self_pair):
 
 def test_target_only_follows_the_reference(other_pair):
     """Each greedy token is the float64 reference's argmax, or within float16's error of it."""
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     hf_target, target, draft = other_pair
     decoder = SpeculativeDecoder(target, draft, device="cuda")
     ckpt = Checkpoint(hf_target)
@@ -70,7 +70,7 @@ def test_target_only_follows_the_reference(other_pair):
 
 
 def test_rejections_roll_back_by_count(other_pair):
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     _, target, draft = other_pair
     decoder = SpeculativeDecoder(target, draft, device="cuda")
     alone, _ = _each(decoder, max_new_tokens=96, **TARGET)
@@ -84,7 +84,7 @@ def test_rejections_roll_back_by_count(other_pair):
 
 
 def test_prompt_lookup_drafts(self_pair):
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     decoder = SpeculativeDecoder(self_pair[0], "ngram", device="cuda")
     alone, _ = _each(decoder, max_new_tokens=40, **TARGET)
     spec, outs = _each(decoder, max_new_tokens=40, gamma=4, **GREEDY)
@@ -92,7 +92,7 @@ def test_prompt_lookup_drafts(self_pair):
 
 
 def test_a_batch_is_refused_before_any_token(self_pair):
-    from specsample_cupy.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
     decoder = SpeculativeDecoder(*self_pair, device="cuda")
     received = []
     with pytest.raises(ValueError, match="one prompt at a time"):

@@ -288,7 +288,7 @@ def rows_read_table(points=ROWS_READ_POINTS, dtypes=("float32",), gamma=5, reps=
     return dict(device=props["name"].decode(), gamma=gamma, reps=reps, rows=rows)
 
 
-if __name__ == "__main__":   # python3 specsample_cupy/bench_verify.py LABEL OUT.json [dtype ...]
+if __name__ == "__main__":   # python3 specsample_cupy/bench/verify.py LABEL OUT.json [dtype ...]
     import json
     import sys
     table = rows_read_table(dtypes=tuple(sys.argv[3:]) or ("float32",))

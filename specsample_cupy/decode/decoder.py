@@ -62,7 +62,7 @@ class SpeculativeDecoder:
             tokenizer.json); default: the embedded pair models/stdlib-code/{target,draft}.
             draft="ngram": no draft model; each round proposes what followed the most recent earlier
             occurrence of the request's last ngram_max..ngram_min tokens (prompt lookup,
-            specsample_cupy/ngram.py), verified exactly as one-hot drafts (verify() with
+            specsample_cupy/decode/ngram.py), verified exactly as one-hot drafts (verify() with
             draft_logits=None). On the device loop the proposals are a kernel over the device's
             sequences (kernels_cu/ngram.cu), no host round-trip.
         ngram_min, ngram_max: the suffix lengths prompt lookup tries, longest first.
@@ -229,7 +229,7 @@ class SpeculativeDecoder:
                 the host reads; it may return request indices to finish now (finish_reason "stop").
             stop: a string or strings; a request whose generated text contains one ends there
                 (finish_reason "stop"; its text is cut before the stop string, its token_ids end with
-                the token that completed it; specsample_cupy/stop_strings.py).
+                the token that completed it; specsample_cupy/decode/stop_strings.py).
             top_k, top_p, min_p: truncated sampling of both models (verify()'s rule: Hugging Face's
                 order, ties kept; None = off); methods "exact", "greedy" and "target".
             logprobs: also return out.logprobs, per request the log-probability of each generated
@@ -331,7 +331,7 @@ class SpeculativeDecoder:
                         ignore_eos: bool = False, stop=(), top_k: int | None = None, top_p: float | None = None,
                         min_p: float | None = None, logprobs: bool = False, seed: int | None = 0):
         """Continuous batching: decode a queue of requests with at most batch_size in flight, a finished
-        request's row taking the next one between rounds (specsample_cupy/continuous.py).
+        request's row taking the next one between rounds (specsample_cupy/decode/continuous.py).
 
         Args:
             requests: prompts (str) or continuous.StreamRequest(prompt, max_new_tokens, temperature,

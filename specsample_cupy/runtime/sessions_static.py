@@ -200,7 +200,7 @@ class StaticDecoderSession(DecoderSession):
     feeds_shared_buffer = True
 
     def _model_path(self, spec):
-        from specsample_cupy.builder_graph import for_fixed_bindings
+        from specsample_cupy.runtime.builder_graph import for_fixed_bindings
         return for_fixed_bindings(spec.onnx_path)
 
     def __init__(self, spec: ModelSpec, device: str, stream, device_id: int = 0, *, capture: bool = True):

@@ -223,7 +223,7 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
             (softmax(z / T) over the kept entries, renormalised). Greedy requests ignore them.
             Methods "exact" and "greedy" with logits only (active warps with probs=True or
             another method raise ValueError); a bad value raises ValueError naming the argument.
-            specsample_cupy/warps.py states the rule in full.
+            specsample_cupy/verification/truncation.py states the rule in full.
         warps: (advanced) None, or the truncation prebuilt by specsample_cupy.warps.build_warps(xp, B,
             V, temperature, top_k=..., top_p=..., min_p=...) with this call's B, V and temperature:
             the same result as passing those top_k / top_p / min_p, without validating and (CuPy)

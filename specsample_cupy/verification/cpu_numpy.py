@@ -22,7 +22,7 @@ def _or(xp, err, mask, code):
 
 def request_errors(draft_tokens, draft, target, lengths, temps, *, probs, greedy_ok=True,
                    greedy_all=False, xp=np, row_max=(None, None), rows=True):
-    """Error codes [B] int32 (specsample_cupy.errors) of every request, as the kernels compute them,
+    """Error codes [B] int32 (specsample_cupy.runtime.errors) of every request, as the kernels compute them,
     with arrays of module xp (the GPU baseline runs this on CuPy, without synchronising).
 
     rows=True checks every active row (below): the rule of the baseline and of truncated sampling,

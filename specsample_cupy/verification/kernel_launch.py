@@ -12,7 +12,7 @@ PLAN_LIMIT plans, plus those used during a CUDA graph capture, which stay for th
 Constants shared with the CUDA sources (error codes, Philox purposes) are defined once in Python
 (specsample_cupy/errors.py, specsample_cupy/philox.py): kernel_runtime.kernel_source() replaces
 every `#include "codes.cuh"` line with the header kernel_runtime.codes_header() generates from
-them. Offline compilers use the same text: `python3 -m specsample_cupy.kernels --source NAME.cu`
+them. Offline compilers use the same text: `python3 -m specsample_cupy.verification.kernel_launch --source NAME.cu`
 (one self-contained source) or `--codes-header` (the header alone).
 """
 import ctypes
@@ -382,7 +382,7 @@ def instantiation_source():
 
 def main(argv=None):
     import argparse
-    ap = argparse.ArgumentParser(prog="python3 -m specsample_cupy.kernels",
+    ap = argparse.ArgumentParser(prog="python3 -m specsample_cupy.verification.kernel_launch",
                                  description="Print CUDA source as the package compiles it (default: verify.cu "
                                              "with every instantiation named, for an offline nvcc).")
     group = ap.add_mutually_exclusive_group()
