@@ -100,7 +100,7 @@ class StaticKVCache(KVCache):
         super().__init__(session.xp, len(session.cache_names), plan.batch, session.n_kv_heads, session.head_dim,
                          session.kv_dtype, plan.capacity, slack=plan.capacity, stream=session.stream,
                          buffers=[plan.cache])
-        self.shared = session.shared_buffer   # keys/values sit at each row's count: a compaction moves none
+        self.shared = getattr(session, "shared_buffer", False)   # keys/values sit at each row's count: a compaction moves none
 
     def past(self):
         return self._tensors(0, self.capacity)
