@@ -62,44 +62,6 @@ def gqa_times(model_dir: Path, batch: int, capacity: int, steps: int, reps: int)
     return float(np.median(times))
 
 
-def matmul_ms(shape: dict, batch: int, reps: int = 20) -> float:
-    """Device ms of the layers' weight products alone at batch `batch` (one row each), cuBLAS through
-    CuPy captured as one CUDA graph (no launch gaps), every layer its own matrices (no L2 reuse):
-    what the MatMul nodes cost at best. gate and up count as one product (the wider matrix)."""
-    import cupy
-
-    D, F = shape["hidden_size"], shape["intermediate_size"]
-    H, KV = shape["num_attention_heads"], shape["num_key_value_heads"]
-    hd = shape.get("head_dim") or D // H
-    dims = [(D, (H + 2 * KV) * hd), (H * hd, D), (D, 2 * F), (F, D)]
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        layers = [[cupy.full((k, n), 0.01, cupy.float16) for k, n in dims] for _ in range(shape["num_hidden_layers"])]
-        xs = [cupy.ones((batch, k), cupy.float16) for k, _ in dims]
-        outs = [cupy.empty((batch, n), cupy.float16) for _, n in dims]
-
-        def products():
-            for mats in layers:
-                for x, w, o in zip(xs, mats, outs):
-                    cupy.matmul(x, w, out=o)
-
-        products()                       # cuBLAS handle and workspace, outside the capture
-        stream.synchronize()
-        stream.begin_capture()
-        products()
-        graph = stream.end_capture()
-        times = []
-        for r in range(reps + 2):
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            end.record(stream)
-            end.synchronize()
-            if r >= 2:
-                times.append(cupy.cuda.get_elapsed_time(start, end))
-    return float(np.median(times))
-
-
 def main():
     from models.hf_checkpoint import REAL_SHAPES, write_checkpoint
     from specsample_cupy.convert import convert
@@ -111,18 +73,12 @@ def main():
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--bandwidth-gbs", type=float, default=4200.0)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--matmuls-only", action="store_true", help="only the cuBLAS products' time")
     args = parser.parse_args()
     graph_probe = _sibling("converted_graph")
     hf = args.work / "hf"
     if not (hf / "config.json").exists():
         write_checkpoint(hf, REAL_SHAPES[args.shape], dtype="bfloat16")
-    report = {"shape": args.shape, "capacity": args.capacity, "layouts": {},
-              "layer_matmuls_ms": {f"B{b}": round(matmul_ms(REAL_SHAPES[args.shape], b), 4) for b in (1, 4)}}
-    print("layer matmuls alone", report["layer_matmuls_ms"], flush=True)
-    if args.matmuls_only:
-        print(json.dumps(report))
-        return
+    report = {"shape": args.shape, "capacity": args.capacity, "layouts": {}}
     for layout in ("onnx", "gqa"):
         out = args.work / layout
         if not (out / "config.json").exists():
