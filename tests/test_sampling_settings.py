@@ -97,3 +97,21 @@ def test_verify_takes_its_keywords():
     assert np.array_equal(by_settings.tokens, by_keywords.tokens)
     with pytest.raises(ValueError, match="target"):
         SamplingSettings(method="target").verify_kwargs()
+
+
+def test_generate_takes_the_settings_object():
+    """generate(settings=...) and generate_stream(settings=...) give what the same keywords give."""
+    from specsample_cupy import SamplingSettings
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
+    decoder = SpeculativeDecoder(device="cpu")
+    settings = SamplingSettings(method="exact", temperature=0.8, top_k=50, seed=11, gamma=3, max_new_tokens=12,
+                                ignore_eos=True)
+    prompts = ["def f(x):", "import os\n"]
+    by_object = decoder.generate(prompts, settings=settings)
+    by_keywords = decoder.generate(prompts, method="exact", temperature=0.8, top_k=50, seed=11, gamma=3,
+                                   max_new_tokens=12, ignore_eos=True)
+    assert by_object.token_ids == by_keywords.token_ids
+    stream = sorted((r.index, r.token_ids) for r in decoder.generate_stream(prompts, batch_size=2, settings=settings))
+    keywords = sorted((r.index, r.token_ids) for r in decoder.generate_stream(
+        prompts, batch_size=2, method="exact", top_k=50, seed=11, gamma=3, ignore_eos=True))
+    assert stream == keywords

@@ -194,10 +194,14 @@ class SpeculativeDecoder:
                  temperature: float | None = None, seed: int | None = 0, adaptive_gamma: bool = False,
                  gamma_min: int = 1, gamma_max: int = 12, ignore_eos: bool = False, on_tokens=None, on_round=None,
                  stop=(), top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
-                 logprobs: bool = False, seeds=None, prompt_ids=None) -> GenerationOutput:
+                 logprobs: bool = False, seeds=None, prompt_ids=None, settings=None) -> GenerationOutput:
         """Continue each prompt by up to max_new_tokens tokens (fewer after an EOS or the context's end).
 
         Args:
+            settings: a specsample_cupy.SamplingSettings holding the sampling arguments below (method,
+                gamma and its bounds, temperature, seed, truncation, stop, max_new_tokens, logprobs,
+                ignore_eos); given, it replaces them (the keyword arguments are the same settings
+                spelled out).
             prompts: a string or a list of B strings (any lengths; batched with left padding).
             prompt_ids: instead of prompts, the prompts as token ids: a list of B lists of ints (or one
                 list of ints); ids outside the vocabulary are a ValueError.
@@ -245,6 +249,9 @@ class SpeculativeDecoder:
         loop ("device" or "host"), device_rounds (True, or why the host loop ran), discarded_rounds,
         read_wait_per_round_s, kv_compactions, cuda_graphs, seed and seeds.
         """
+        if settings is not None:
+            return self.generate(prompts, on_tokens=on_tokens, on_round=on_round, seeds=seeds, prompt_ids=prompt_ids,
+                                 **settings.generate_kwargs())
         policy_mode = "auto" if gamma == "auto" else ("adaptive" if adaptive_gamma else "fixed")
         gamma = 4 if gamma == "auto" else gamma
         self._check(method, temperature, max_new_tokens, gamma)
@@ -329,7 +336,7 @@ class SpeculativeDecoder:
 
     def generate_stream(self, requests, batch_size: int = 8, gamma: int = 5, method: str = "exact",
                         ignore_eos: bool = False, stop=(), top_k: int | None = None, top_p: float | None = None,
-                        min_p: float | None = None, logprobs: bool = False, seed: int | None = 0):
+                        min_p: float | None = None, logprobs: bool = False, seed: int | None = 0, settings=None):
         """Continuous batching: decode a queue of requests with at most batch_size in flight, a finished
         request's row taking the next one between rounds (specsample_cupy/decode/continuous.py).
 
@@ -343,6 +350,7 @@ class SpeculativeDecoder:
             ignore_eos, stop, top_k, top_p, min_p: as generate(), for every request.
             logprobs: as generate(): each FinishedRequest's .logprobs, one per token of its token_ids.
             seed: the call's base seed (None: drawn from the operating system; .stats["seed"]).
+            settings: a specsample_cupy.SamplingSettings in place of the arguments above but batch_size.
 
         Returns an iterator (continuous.StreamResults) of continuous.FinishedRequest(index, text,
         token_ids, finish_reason, stats, logprobs), one per request as it finishes (index: its position in
@@ -360,6 +368,8 @@ class SpeculativeDecoder:
             ...     print(out.index, out.finish_reason, out.text)
         """
         from specsample_cupy.decode.continuous import decode_stream
+        if settings is not None:
+            return self.generate_stream(requests, batch_size, **settings.stream_kwargs())
         truncation = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
         return decode_stream(self, requests, batch_size, gamma=gamma, method=method, ignore_eos=ignore_eos,
                              stop=stop, truncation=truncation, logprobs=logprobs,
