@@ -2,7 +2,6 @@
 mask's shape, genai_config.json, no config.json), built here from converted graphs with the onnx
 helpers: rewritten for fixed bindings (builder_graph.py) they compute what the converted layout does,
 and on CUDA they decode on the device loop with CUDA graphs, one prompt per call."""
-import json
 import shutil
 
 import numpy as np
@@ -11,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers_convert import TINY
+from helpers_convert import TINY, write_genai_config
 from helpers_decode_gpu import GPU_DECODE
 from specsample_cupy.runtime.builder_graph import TOTAL, for_fixed_bindings, rewrite
 from test_convert_decode import PROMPTS, converted_self_pair
@@ -33,15 +32,7 @@ def builder_folder(converted, dst):
         if node.op_type == "GroupQueryAttention":
             node.input[6] = "total_seq_len"
     onnx.save_model(model, str(dst / "model.onnx"))
-    config = json.loads((dst / "config.json").read_text())
-    (dst / "config.json").unlink()
-    decoder = {"filename": "model.onnx", "head_size": config["hidden_size"] // config["num_attention_heads"],
-               "hidden_size": config["hidden_size"], "num_attention_heads": config["num_attention_heads"],
-               "num_key_value_heads": config["num_key_value_heads"], "num_hidden_layers": config["num_hidden_layers"]}
-    genai = {"model": {"vocab_size": config["vocab_size"], "context_length": config["max_position_embeddings"],
-                       "bos_token_id": 0, "eos_token_id": [0], "pad_token_id": 0, "decoder": decoder},
-             "search": {"past_present_share_buffer": True}}
-    (dst / "genai_config.json").write_text(json.dumps(genai))
+    write_genai_config(dst, "model.onnx", True)
     return dst
 
 

@@ -1,11 +1,10 @@
 """Folders as ONNX Runtime GenAI's builder writes them load without a config.json: vocabulary, context,
 special ids and the decoder's file from genai_config.json, checked against the graph."""
-import json
 import shutil
 
 import pytest
 
-from helpers_convert import TINY
+from helpers_convert import TINY, write_genai_config
 from models.hf_checkpoint import write_checkpoint
 from specsample_cupy.convert import convert
 
@@ -14,17 +13,8 @@ def _genai_folder(src, dst, **decoder_changes):
     """src (a converted folder) as a builder folder: genai_config.json instead of config.json, the
     decoder under the builder's file name."""
     shutil.copytree(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    (dst / "config.json").unlink()
     (dst / "model.onnx").rename(dst / "decoder.onnx")
-    decoder = {"filename": "decoder.onnx", "head_size": config["hidden_size"] // config["num_attention_heads"],
-               "hidden_size": config["hidden_size"], "num_attention_heads": config["num_attention_heads"],
-               "num_key_value_heads": config["num_key_value_heads"],
-               "num_hidden_layers": config["num_hidden_layers"], **decoder_changes}
-    genai = {"model": {"vocab_size": config["vocab_size"], "context_length": config["max_position_embeddings"],
-                       "bos_token_id": 0, "eos_token_id": [0], "pad_token_id": 0, "decoder": decoder},
-             "search": {"past_present_share_buffer": False}}
-    (dst / "genai_config.json").write_text(json.dumps(genai))
+    write_genai_config(dst, "decoder.onnx", False, **decoder_changes)
     return dst
 
 

@@ -43,17 +43,29 @@ def run_times(model_dir: Path, batch: int, capacity: int, steps: int, reps: int 
     cache = session.new_cache(batch, capacity)
     ids = np.ones((batch, steps), np.int64)
     mask = np.ones((batch, steps), np.int64)
-    times = []
-    for r in range(reps + 3):
+    positions = np.tile(np.arange(steps), (batch, 1))
+
+    def run():
         cache.length, cache.mask = 0, np.zeros((batch, 0), np.int64)
-        positions = np.tile(np.arange(steps), (batch, 1))
         with stream:
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record(stream)
             session.forward(cache, ids, mask, positions)
-            end.record(stream)
+
+    return median_device_ms(run, stream, reps)
+
+
+def median_device_ms(run, stream, reps: int, warmup: int = 3) -> float:
+    """Median ms between CUDA events around run() on `stream`, after `warmup` unmeasured calls (the
+    first ones capture the graph)."""
+    import cupy
+
+    times = []
+    for r in range(reps + warmup):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(stream)
+        run()
+        end.record(stream)
         end.synchronize()
-        if r >= 3:
+        if r >= warmup:
             times.append(cupy.cuda.get_elapsed_time(start, end))
     return float(np.median(times))
 

@@ -50,16 +50,8 @@ def gqa_times(model_dir: Path, batch: int, capacity: int, steps: int, reps: int)
         bind(binding.bind_output, past.replace("past_key_values", "present"), cache)
     bind(binding.bind_output, "logits", logits)
     options = run_options("cuda", 1)
-    times = []
-    for r in range(reps + 3):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record(stream)
-        session.run_with_iobinding(binding, options)
-        end.record(stream)
-        end.synchronize()
-        if r >= 3:
-            times.append(cupy.cuda.get_elapsed_time(start, end))
-    return float(np.median(times))
+    return _sibling("converted_graph").median_device_ms(lambda: session.run_with_iobinding(binding, options),
+                                                        stream, reps)
 
 
 def main():
