@@ -3,7 +3,7 @@ the module's `pair` on CUDA, and how alike two runs' tokens are."""
 import numpy as np
 import pytest
 
-from specsample_cupy.runtime.sessions import cuda_available
+from specsample_cupy.runtime.ort_session import cuda_available
 
 GPU_DECODE = [
     pytest.mark.gpu,

@@ -6,7 +6,7 @@ import types
 import pytest
 from click.testing import CliRunner
 
-from specsample_cupy.runtime import sessions
+from specsample_cupy.runtime import ort_session as sessions
 
 
 class FakeCudaRuntimeError(Exception):

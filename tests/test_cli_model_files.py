@@ -10,7 +10,9 @@ pytest.importorskip("onnxruntime")
 
 from specsample_cupy.cli.decode import decode  # noqa: E402
 from specsample_cupy.decode.decoder import default_model_dir  # noqa: E402
-from specsample_cupy.runtime.sessions import DecoderSession, ModelSpec, open_session_error  # noqa: E402
+from specsample_cupy.runtime.model_folder import ModelSpec  # noqa: E402
+from specsample_cupy.runtime.ort_session import open_session_error  # noqa: E402
+from specsample_cupy.runtime.sessions import DecoderSession  # noqa: E402
 
 
 from helpers_cli import split_runner as _runner  # noqa: E402

@@ -88,7 +88,7 @@ def test_gpt2_checkpoint_gives_the_embedded_model(tmp_path):
     from safetensors.numpy import save_file
 
     from models.export_onnx import read_weights
-    from specsample_cupy.runtime.sessions import ModelSpec
+    from specsample_cupy.runtime.model_folder import ModelSpec
     spec = ModelSpec.from_dir("models/stdlib-code/target")
     weights = read_weights(str(spec.onnx_path), spec.config)
     hf = tmp_path / "gpt2"

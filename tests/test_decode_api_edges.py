@@ -17,7 +17,7 @@ from specsample_cupy.cli.decode import decode  # noqa: E402
 from specsample_cupy.cli.generate import generate  # noqa: E402
 from specsample_cupy.decode.continuous import StreamRequest  # noqa: E402
 from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
-from specsample_cupy.runtime.sessions import cuda_available  # noqa: E402
+from specsample_cupy.runtime.ort_session import cuda_available  # noqa: E402
 
 
 @pytest.fixture(scope="module")

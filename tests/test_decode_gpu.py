@@ -111,7 +111,8 @@ def test_static_cache_runs_give_the_logits_of_rebinding_runs(pair):
     every real column agree with those of the growing cache rebound every run, to float rounding (keys sit
     in other slots, so sums run in another order)."""
     import cupy
-    from specsample_cupy.runtime.sessions import DecoderSession, ModelSpec
+    from specsample_cupy.runtime.model_folder import ModelSpec
+    from specsample_cupy.runtime.sessions import DecoderSession
     from specsample_cupy.runtime.sessions_static import StaticDecoderSession
 
     spec = ModelSpec.from_dir(pair[0])

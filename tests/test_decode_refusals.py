@@ -11,7 +11,9 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from models.build_tiny import build_tiny_pair  # noqa: E402
 from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
-from specsample_cupy.runtime.sessions import DecoderSession, ModelSpec, cuda_available  # noqa: E402
+from specsample_cupy.runtime.model_folder import ModelSpec  # noqa: E402
+from specsample_cupy.runtime.ort_session import cuda_available  # noqa: E402
+from specsample_cupy.runtime.sessions import DecoderSession  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from onnx import TensorProto, helper  # noqa: E402
 from models.build_tiny import build_tiny_pair  # noqa: E402
 from models.ort_decoder import OrtDecoder  # noqa: E402
 from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
-from specsample_cupy.runtime.sessions import DecoderSession, ModelSpec  # noqa: E402
+from specsample_cupy.runtime.model_folder import ModelSpec  # noqa: E402
+from specsample_cupy.runtime.sessions import DecoderSession  # noqa: E402
 
 PROMPTS = ["the rain in spain", "a", "hello there"]
 

@@ -4,7 +4,7 @@ import pytest
 
 from specsample_cupy.decode.decoder import default_model_dir
 from specsample_cupy.decode.detokenize import TextAssembler, splits_at_characters
-from specsample_cupy.runtime.sessions import ModelSpec
+from specsample_cupy.runtime.model_folder import ModelSpec
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ ITEM_KEYS = {"id", "token_ids", "new_tokens", "rounds", "draft_lengths", "accept
 
 
 def _gpu_ready():
-    from specsample_cupy.runtime.sessions import cuda_available
+    from specsample_cupy.runtime.ort_session import cuda_available
     return cuda_available()
 
 

@@ -35,7 +35,7 @@ def run_times(model_dir: Path, batch: int, capacity: int, steps: int, reps: int 
     """Median device ms of one replayed run of `steps` new columns over a full-capacity cache."""
     import cupy
 
-    from specsample_cupy.runtime.sessions import ModelSpec
+    from specsample_cupy.runtime.model_folder import ModelSpec
     from specsample_cupy.runtime.sessions_static import StaticDecoderSession
 
     stream = cupy.cuda.Stream(non_blocking=True)

@@ -26,7 +26,7 @@ def gqa_times(model_dir: Path, batch: int, capacity: int, steps: int, reps: int)
     """Median device ms of one replayed run: rows holding capacity/2 tokens, S new ones each."""
     import cupy
 
-    from specsample_cupy.runtime.sessions import _inference_session, run_options
+    from specsample_cupy.runtime.ort_session import _inference_session, run_options
 
     stream = cupy.cuda.Stream(non_blocking=True)
     session = _inference_session(model_dir / "model.onnx", "cuda", stream, 0, cuda_graph=True)

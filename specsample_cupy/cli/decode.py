@@ -42,7 +42,7 @@ def stats_table(stats: dict) -> str:
 
 def resolve_device(device: str | None) -> str:
     """The requested device, or "cuda" when usable and otherwise "cpu" (said on stderr, with the reason)."""
-    from specsample_cupy.runtime.sessions import cuda_status
+    from specsample_cupy.runtime.ort_session import cuda_status
 
     if device is None:
         usable, why_not = cuda_status()

@@ -51,7 +51,7 @@ def check_models(setup: WorkerSetup):
     directory is one line of error before Ray starts rather than a failure in each worker."""
     from specsample_cupy.decode.decoder import default_model_dir
     from specsample_cupy.decode.ngram import NGRAM, check_ngram_range
-    from specsample_cupy.runtime.sessions import ModelSpec, check_pair
+    from specsample_cupy.runtime.model_folder import ModelSpec, check_pair
 
     try:
         target = ModelSpec.from_dir(setup.target or default_model_dir("target"))

@@ -28,10 +28,13 @@ from specsample_cupy.decode.ngram import NGRAM, check_ngram_range
 from specsample_cupy.decode.request_state import Requests
 from specsample_cupy.decode.stats import Clock, Totals, timed_runs
 from specsample_cupy.decode.stop_strings import StopStrings, check_stop_strings
+from specsample_cupy.runtime.model_folder import ModelSpec, check_pair
+from specsample_cupy.runtime.ort_session import array_module
 from specsample_cupy.runtime.pinned import PinnedRing
-from specsample_cupy.runtime.sessions import DecoderSession, ModelSpec, array_module, check_pair
+from specsample_cupy.runtime.sessions import DecoderSession
 from specsample_cupy.runtime.sessions_static import StaticDecoderSession
 from specsample_cupy.verification.seeds import as_int64, random_base_seed, resolve_seeds
+
 # upload()'s slots: one is reused only after its copy ran (a few rounds later: at once).
 UPLOAD_SLOTS = 8
 

@@ -6,7 +6,7 @@ import os
 import sys
 import warnings
 
-from specsample_cupy.runtime.sessions import cuda_available
+from specsample_cupy.runtime.ort_session import cuda_available
 
 
 def caller_stacklevel() -> int:

@@ -45,7 +45,9 @@ import numpy as np
 
 from specsample_cupy.runtime import kernel_runtime
 from specsample_cupy.runtime.pinned import PinnedRing
-from specsample_cupy.runtime.sessions import DecoderSession, ModelSpec, run_options
+from specsample_cupy.runtime.model_folder import ModelSpec
+from specsample_cupy.runtime.ort_session import run_options
+from specsample_cupy.runtime.sessions import DecoderSession
 from specsample_cupy.runtime.sessions_cache import KVCache
 
 MAX_GRAPH_STEPS = 32      # runs of more columns are not captured

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from specsample_cupy.decode.decoder import SpeculativeDecoder
 from specsample_cupy.decode.ngram import NGRAM, check_ngram_range
-from specsample_cupy.runtime.sessions import check_pair as check_tokenizers
+from specsample_cupy.runtime.model_folder import check_pair as check_tokenizers
 from specsample_cupy.tasks.audio import AudioError, load_audio, log_mel_spectrogram
 from specsample_cupy.tasks.datasets import NoUsableItems, Skipped, load_asr_items
 from specsample_cupy.tasks.evaluation import (RunSettings, check_ngram_methods, draft_label, finish_report,

@@ -22,7 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from specsample_cupy.runtime.sessions import ModelSpec, array_module, overlay_ids
+from specsample_cupy.runtime.model_folder import ModelSpec
+
+from specsample_cupy.runtime.ort_session import array_module
+
+from specsample_cupy.runtime.sessions import overlay_ids
 from specsample_cupy.tasks.datasets import DataError
 from specsample_cupy.tasks.whisper_config import WhisperSpec, load_whisper_spec
 
@@ -34,12 +38,12 @@ _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
 class OrtRunner:
     """One InferenceSession; feeds/returns NumPy on the CPU, CuPy (IO binding) on the GPU.
 
-    Sessions are created by runtime/sessions.py's helper, so on the GPU they run on
+    Sessions are created by runtime/ort_session.py's helper, so on the GPU they run on
     the decoder's CUDA stream, like the decoder-only sessions.
     """
 
     def __init__(self, path: Path, device: str, stream=None, device_id: int = 0):
-        from specsample_cupy.runtime.sessions import _inference_session
+        from specsample_cupy.runtime.ort_session import _inference_session
 
         if not path.is_file():
             raise DataError(f"missing ONNX file {path}")
