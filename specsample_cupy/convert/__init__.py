@@ -4,8 +4,9 @@
     convert("Qwen2.5-1.5B-Instruct/", "qwen-1.5b-onnx/")                # float16, for CUDA
     convert("Qwen2.5-1.5B-Instruct/", "qwen-1.5b-cpu/", dtype="float32")   # for the CPU
 
-Reads config.json, model.safetensors (or the shards of model.safetensors.index.json),
-tokenizer.json and generation_config.json; writes model.onnx (+ model.onnx.data above 1 GB of
+Reads config.json, model.safetensors (or the shards of model.safetensors.index.json) or, in a
+folder without them, an ONNX export's weights (optimum: convert/onnx_checkpoint.py), tokenizer.json
+and generation_config.json; writes model.onnx (+ model.onnx.data above 1 GB of
 weights), config.json, tokenizer files and generation_config.json. Architectures:
 LlamaForCausalLM (Llama 2, 3, 3.1/3.2 with llama3 rope scaling), Qwen2ForCausalLM,
 MistralForCausalLM (llama_graph.py) and GPT2LMHeadModel (models/export_onnx.py's graph).
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specsample_cupy.convert.checkpoint import Checkpoint, ConversionError
+from specsample_cupy.convert.checkpoint import ConversionError, TensorFolder, open_checkpoint
 from specsample_cupy.convert.families import ATTENTION, llama_shape
 
 DTYPES = ("float16", "float32")
@@ -36,7 +37,7 @@ def _weight_bytes(s, itemsize: int) -> int:
     return itemsize * (s.layers * per_layer + s.vocab_size * s.hidden * (1 if s.tied else 2))
 
 
-def _write_llama(ckpt: Checkpoint, out: Path, dtype: str, attention: str) -> dict:
+def _write_llama(ckpt: TensorFolder, out: Path, dtype: str, attention: str) -> dict:
     import onnx
 
     from specsample_cupy.convert.graph import INLINE_LIMIT, ExternalData, GraphBuilder
@@ -55,7 +56,7 @@ def _write_llama(ckpt: Checkpoint, out: Path, dtype: str, attention: str) -> dic
     return {**ckpt.config, "max_position_embeddings": shape.context, "torch_dtype": dtype}
 
 
-def _write_gpt2(ckpt: Checkpoint, out: Path, dtype: str, attention: str) -> dict:
+def _write_gpt2(ckpt: TensorFolder, out: Path, dtype: str, attention: str) -> dict:
     """GPT-2's weights under models/export_onnx.py's names (Conv1D layout: the same as Hugging Face's)."""
     import onnx
 
@@ -98,7 +99,7 @@ def convert(hf_dir, out_dir, *, dtype: str = "float16", overwrite: bool = False,
         raise ConversionError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
     if dtype not in DTYPES:
         raise ConversionError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    ckpt = Checkpoint(hf_dir)
+    ckpt = open_checkpoint(hf_dir)
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConversionError(f"{out} exists and is not empty (pass overwrite=True / --overwrite to replace it)")

@@ -16,7 +16,7 @@ class ConversionError(ValueError):
     """A checkpoint the converter cannot (or will not) convert; the message is one line naming why."""
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -26,20 +26,64 @@ def _read_json(path: Path) -> dict:
     return value
 
 
-class Checkpoint:
-    """config (dict), the names of its tensors, and get(name) -> np.ndarray in the stored dtype."""
+class TensorFolder:
+    """A folder of named tensors with a Hugging Face config.json: config (dict), names(), has(name),
+    get(name) -> np.ndarray in the stored dtype (subclasses), get_float(), side_file()."""
 
     def __init__(self, folder):
-        import ml_dtypes  # noqa: F401 - registers bfloat16 with NumPy, which safetensors then returns
-        from safetensors import safe_open
-
         self.folder = Path(folder)
         if not self.folder.is_dir():
             raise ConversionError(f"{self.folder} is not a folder")
         config_path = self.folder / "config.json"
         if not config_path.exists():
             raise ConversionError(f"{self.folder} has no config.json (not a Hugging Face checkpoint folder)")
-        self.config = _read_json(config_path)
+        self.config = read_json(config_path)
+
+    def names(self) -> set[str]:
+        raise NotImplementedError
+
+    def get(self, name: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def has(self, name: str) -> bool:
+        return name in self.names()
+
+    def get_float(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+        """The tensor as `dtype` (float16/float32), checked against `shape`."""
+        t = self.get(name)
+        if tuple(t.shape) != tuple(shape):
+            raise ConversionError(f"{self.folder}: {name} has shape {tuple(t.shape)}, the config implies {shape}")
+        if t.dtype.kind not in "fV" and t.dtype.name != "bfloat16":
+            raise ConversionError(f"{self.folder}: {name} is {t.dtype}, not a float tensor")
+        if t.dtype == np.dtype(dtype):
+            return t
+        return t.astype(np.float32).astype(dtype)   # via float32: exact for bfloat16 and float16
+
+    def side_file(self, name: str) -> Path | None:
+        path = self.folder / name
+        return path if path.exists() else None
+
+
+def open_checkpoint(folder) -> TensorFolder:
+    """The safetensors checkpoint in `folder`, or an ONNX export of one (onnx_checkpoint.py) when the
+    folder has no safetensors but a decoder ONNX file."""
+    from specsample_cupy.convert.onnx_checkpoint import OnnxCheckpoint, onnx_file
+
+    path = Path(folder)
+    has_safetensors = (path / "model.safetensors").exists() or (path / "model.safetensors.index.json").exists()
+    if not has_safetensors and path.is_dir() and onnx_file(path) is not None:
+        return OnnxCheckpoint(path)
+    return Checkpoint(path)
+
+
+class Checkpoint(TensorFolder):
+    """A safetensors checkpoint (module docstring)."""
+
+    def __init__(self, folder):
+        import ml_dtypes  # noqa: F401 - registers bfloat16 with NumPy, which safetensors then returns
+        from safetensors import safe_open
+
+        super().__init__(folder)
         self._where: dict[str, Path] = {}
         for shard in self._shards():
             with safe_open(str(shard), framework="numpy") as f:
@@ -51,7 +95,7 @@ class Checkpoint:
     def _shards(self) -> list[Path]:
         index = self.folder / "model.safetensors.index.json"
         if index.exists():
-            weight_map = _read_json(index).get("weight_map")
+            weight_map = read_json(index).get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise ConversionError(f"{index} has no weight_map")
             shards = sorted({self.folder / f for f in weight_map.values()})
@@ -81,18 +125,3 @@ class Checkpoint:
         if f is None:
             f = self._open[shard] = self._safe_open(str(shard), framework="numpy").__enter__()
         return f.get_tensor(name)
-
-    def get_float(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
-        """The tensor as `dtype` (float16/float32), checked against `shape`."""
-        t = self.get(name)
-        if tuple(t.shape) != tuple(shape):
-            raise ConversionError(f"{self.folder}: {name} has shape {tuple(t.shape)}, the config implies {shape}")
-        if t.dtype.kind not in "fV" and t.dtype.name != "bfloat16":
-            raise ConversionError(f"{self.folder}: {name} is {t.dtype}, not a float tensor")
-        if t.dtype == np.dtype(dtype):
-            return t
-        return t.astype(np.float32).astype(dtype)   # via float32: exact for bfloat16 and float16
-
-    def side_file(self, name: str) -> Path | None:
-        path = self.folder / name
-        return path if path.exists() else None

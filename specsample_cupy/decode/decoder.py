@@ -147,6 +147,9 @@ class SpeculativeDecoder:
                 return session
             except _graph_refusals() as e:   # e.g. ONNX Runtime cannot capture a graph with CPU nodes
                 self.cuda_graphs[role] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                converted = self._open_converted(spec, role, device_id)
+                if converted is not None:
+                    return converted
                 if not isinstance(e, ValueError):   # the model itself suits fixed bindings
                     try:
                         return StaticDecoderSession(spec, self.device, self.stream, device_id, capture=False)
@@ -155,6 +158,22 @@ class SpeculativeDecoder:
         else:
             self.cuda_graphs[role] = "off" if self.device == "cuda" else "cpu"
         return DecoderSession(spec, self.device, self.stream, device_id, cpu_threads=self.cpu_threads)
+
+    def _open_converted(self, spec, role, device_id):
+        """For an ONNX export the converter reads (optimum's, of a Llama-family model) whose own graph
+        cannot be captured: a StaticDecoderSession on its conversion, made once into a cache folder
+        (convert/cache.py); None when it is not such an export or its conversion fails to load too."""
+        from specsample_cupy.convert.cache import converted_copy, convertible
+        if not convertible(spec.model_dir):
+            return None
+        try:
+            session = StaticDecoderSession(ModelSpec.from_dir(converted_copy(spec.model_dir)), self.device,
+                                           self.stream, device_id)
+        except _graph_refusals() as e:   # ConversionError is a ValueError
+            self.cuda_graphs[role] += f"; its conversion: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            return None
+        self.cuda_graphs[role] = True
+        return session
 
     def encode_prompts(self, prompts) -> list[list[int]]:
         """Token ids per prompt. An empty prompt starts from the model's BOS token, or is refused

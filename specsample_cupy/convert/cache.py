@@ -1,0 +1,62 @@
+"""ONNX exports converted once, on first load, into a cache folder (the decoder's fallback on CUDA when
+ONNX Runtime cannot capture an export's runs as CUDA graphs: its shape arithmetic runs on the CPU).
+
+The copy is the converter's output (convert()) from the export's own weights (onnx_checkpoint.py), in
+the export's dtype, keyed by the export file's path, size and modification time: a changed export is
+converted again. Said once on stderr, when the copy is written.
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+from specsample_cupy.convert.families import FAMILIES
+
+
+def default_root() -> Path:
+    return Path.home() / ".cache" / "specsample" / "converted"
+
+
+def convertible(folder) -> bool:
+    """Whether `folder` is an ONNX export (no safetensors) of an architecture the converter writes."""
+    from specsample_cupy.convert.checkpoint import ConversionError, read_json
+    from specsample_cupy.convert.onnx_checkpoint import onnx_file
+
+    folder = Path(folder)
+    if onnx_file(folder) is None or (folder / "model.safetensors").exists():
+        return False
+    try:
+        architectures = read_json(folder / "config.json").get("architectures") or [None]
+    except ConversionError:
+        return False
+    return architectures[0] in FAMILIES
+
+
+def _export_dtype(path: Path) -> str:
+    import onnx
+    from onnx import TensorProto
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    logits = next((o for o in graph.output if o.name == "logits"), None)
+    half = logits is not None and logits.type.tensor_type.elem_type == TensorProto.FLOAT16
+    return "float16" if half else "float32"
+
+
+def converted_copy(folder, root: Path | None = None) -> Path:
+    """The cached conversion of the export in `folder` (module docstring); ConversionError when the
+    converter cannot read it."""
+    from specsample_cupy.convert import FORMAT_VERSION, convert
+    from specsample_cupy.convert.onnx_checkpoint import onnx_file
+
+    folder = Path(folder)
+    source = onnx_file(folder)
+    stat = source.stat()
+    dtype = _export_dtype(source)
+    key = hashlib.sha256(f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{dtype}|{FORMAT_VERSION}".encode())
+    out = Path(root or default_root()) / key.hexdigest()[:16]
+    if (out / "config.json").exists():
+        return out
+    convert(folder, out, dtype=dtype, overwrite=True)
+    print(f"{folder}: converted once into {out} ({dtype}), which runs with CUDA graphs", file=sys.stderr)
+    return out

@@ -1,0 +1,100 @@
+"""ONNX exports of Hugging Face models (optimum / torch.onnx naming) convert like the checkpoint they
+came from: Linear weights found through the nodes that read them (transposed MatMul initializers with
+opaque names, Gemm with transB), embeddings, norms and biases by parameter name, external data. The
+exports are written here with the onnx helpers from tiny checkpoints; the converted graphs are checked
+against the NumPy forward of the original checkpoint."""
+import shutil
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from helpers_convert import TINY, run_graph
+from models.hf_checkpoint import write_checkpoint
+from specsample_cupy.convert import ConversionError, convert
+from specsample_cupy.convert.checkpoint import Checkpoint
+from specsample_cupy.convert.families import llama_shape
+from specsample_cupy.convert.numpy_forward import llama_logits
+
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+
+
+def optimum_export(hf, dst, *, external=False, drop=None):
+    """hf's tensors as torch.onnx writes them into an export: each Linear weight an initializer named
+    onnx::MatMul_<n>, stored [in, out], read by a node named after its module (one layer's down_proj as
+    a Gemm with transB over [out, in], one o_proj under a doubled "model/" prefix); every other tensor
+    under its parameter name. `drop`: a weight left out."""
+    ckpt = Checkpoint(hf)
+    dst.mkdir(parents=True)
+    nodes, inits, inputs, outputs = [], [], [], []
+    for n, name in enumerate(sorted(ckpt.names())):
+        value = np.asarray(ckpt.get(name), np.float32)
+        module = name[:-len(".weight")] if name.endswith(".weight") else None
+        if name == drop:
+            continue
+        if module is None or module.split(".")[-1] not in LINEAR:
+            inits.append(numpy_helper.from_array(value, name))
+            continue
+        path = "/" + module.replace(".", "/")
+        x, y = f"x{n}", f"y{n}"
+        inputs.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, value.shape[1]]))
+        outputs.append(helper.make_tensor_value_info(y, TensorProto.FLOAT, None))
+        if module == "model.layers.0.mlp.down_proj":
+            inits.append(numpy_helper.from_array(value, f"onnx::Gemm_{n}"))
+            nodes.append(helper.make_node("Gemm", [x, f"onnx::Gemm_{n}"], [y], name=path + "/Gemm", transB=1))
+            continue
+        if module == "model.layers.1.self_attn.o_proj":
+            path = "/model" + path
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(value.T), f"onnx::MatMul_{n}"))
+        nodes.append(helper.make_node("MatMul", [x, f"onnx::MatMul_{n}"], [y], name=path + "/MatMul"))
+    graph = helper.make_graph(nodes, "main_graph", inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save_model(model, str(dst / "model.onnx"), save_as_external_data=external,
+                    location="model.onnx_data", size_threshold=0)
+    for side in ("config.json", "tokenizer.json", "generation_config.json"):
+        if (hf / side).exists():
+            shutil.copyfile(hf / side, dst / side)
+    return dst
+
+
+@pytest.mark.parametrize("name,external", [("qwen2-tied", False), ("llama2-bias", True), ("mistral", False)])
+def test_exports_convert_like_their_checkpoint(tmp_path, name, external):
+    config = {**TINY[name], "num_hidden_layers": 2}
+    hf = write_checkpoint(tmp_path / "hf", config, dtype="float32", seed=4, embed_scale=0.5)
+    out = convert(optimum_export(hf, tmp_path / "export", external=external), tmp_path / "out", dtype="float32")
+    ckpt = Checkpoint(hf)
+    s = llama_shape(ckpt.config)
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids = np.random.default_rng(1).integers(0, s.vocab_size, (2, 7))
+    logits, _ = run_graph(session, ids, np.ones((2, 7)), np.tile(np.arange(7), (2, 1)), kv=(s.kv_heads, s.head_dim))
+    ref = llama_logits(ckpt.get, s, ids)
+    assert np.abs(logits - ref).max() / np.abs(ref).max() < 1e-5
+    assert (out / "tokenizer.json").exists()
+
+
+def test_a_missing_weight_is_named(tmp_path):
+    hf = write_checkpoint(tmp_path / "hf", {**TINY["qwen2-tied"], "num_hidden_layers": 2}, dtype="float32", seed=4)
+    export = optimum_export(hf, tmp_path / "export", drop="model.layers.1.mlp.up_proj.weight")
+    with pytest.raises(ConversionError, match="model.layers.1.mlp.up_proj.weight"):
+        convert(export, tmp_path / "out", dtype="float32")
+
+
+def test_first_load_converts_once_into_the_cache(tmp_path, capsys):
+    """What the decoder does on CUDA for an export it cannot capture (decoder._open_converted): the cached
+    copy decodes as the checkpoint converted directly does, and is written once."""
+    from specsample_cupy.convert.cache import converted_copy, convertible
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
+    hf = write_checkpoint(tmp_path / "hf", {**TINY["qwen2-tied"], "num_hidden_layers": 2}, dtype="float32", seed=4,
+                          embed_scale=0.5)
+    export = optimum_export(hf, tmp_path / "export")
+    assert convertible(export) and not convertible(hf)
+    first = converted_copy(export, tmp_path / "cache")
+    assert "converted once" in capsys.readouterr().err
+    assert converted_copy(export, tmp_path / "cache") == first and capsys.readouterr().err == ""
+    direct = convert(hf, tmp_path / "direct", dtype="float32")
+    args = dict(max_new_tokens=12, gamma=0, method="target", temperature=0, ignore_eos=True)
+    prompts = ["def f(x):", "import os\n"]
+    assert SpeculativeDecoder(first, first, device="cpu").generate(prompts, **args).token_ids == \
+        SpeculativeDecoder(direct, direct, device="cpu").generate(prompts, **args).token_ids
