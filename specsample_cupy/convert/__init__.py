@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specsample_cupy.convert.checkpoint import ConversionError, TensorFolder, open_checkpoint
+from specsample_cupy.convert.checkpoint import Checkpoint, ConversionError, TensorFolder
 from specsample_cupy.convert.families import ATTENTION, llama_shape
 
 DTYPES = ("float16", "float32")
@@ -35,6 +35,18 @@ def _weight_bytes(s, itemsize: int) -> int:
     per_layer = s.hidden * (s.heads + 2 * s.kv_heads) * s.head_dim + s.heads * s.head_dim * s.hidden \
         + 3 * s.hidden * s.intermediate
     return itemsize * (s.layers * per_layer + s.vocab_size * s.hidden * (1 if s.tied else 2))
+
+
+def open_checkpoint(folder) -> TensorFolder:
+    """The safetensors checkpoint in `folder`, or an ONNX export of one (onnx_checkpoint.py) when the
+    folder has no safetensors but a decoder ONNX file."""
+    from specsample_cupy.convert.onnx_checkpoint import OnnxCheckpoint, onnx_file
+
+    path = Path(folder)
+    has_safetensors = (path / "model.safetensors").exists() or (path / "model.safetensors.index.json").exists()
+    if not has_safetensors and path.is_dir() and onnx_file(path) is not None:
+        return OnnxCheckpoint(path)
+    return Checkpoint(path)
 
 
 def _write_llama(ckpt: TensorFolder, out: Path, dtype: str, attention: str) -> dict:

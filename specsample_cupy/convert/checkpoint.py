@@ -64,18 +64,6 @@ class TensorFolder:
         return path if path.exists() else None
 
 
-def open_checkpoint(folder) -> TensorFolder:
-    """The safetensors checkpoint in `folder`, or an ONNX export of one (onnx_checkpoint.py) when the
-    folder has no safetensors but a decoder ONNX file."""
-    from specsample_cupy.convert.onnx_checkpoint import OnnxCheckpoint, onnx_file
-
-    path = Path(folder)
-    has_safetensors = (path / "model.safetensors").exists() or (path / "model.safetensors.index.json").exists()
-    if not has_safetensors and path.is_dir() and onnx_file(path) is not None:
-        return OnnxCheckpoint(path)
-    return Checkpoint(path)
-
-
 class Checkpoint(TensorFolder):
     """A safetensors checkpoint (module docstring)."""
 
