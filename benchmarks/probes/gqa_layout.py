@@ -22,7 +22,7 @@ def _sibling(name):
     return module
 
 
-def gqa_times(model_dir: Path, batch: int, capacity: int, steps: int, reps: int) -> float:
+def gqa_times(model_dir: Path, batch: int, capacity: int, steps: int, reps: int, timer) -> float:
     """Median device ms of one replayed run: rows holding capacity/2 tokens, S new ones each."""
     import cupy
 
@@ -50,8 +50,7 @@ def gqa_times(model_dir: Path, batch: int, capacity: int, steps: int, reps: int)
         bind(binding.bind_output, past.replace("past_key_values", "present"), cache)
     bind(binding.bind_output, "logits", logits)
     options = run_options("cuda", 1)
-    return _sibling("converted_graph").median_device_ms(lambda: session.run_with_iobinding(binding, options),
-                                                        stream, reps)
+    return timer(lambda: session.run_with_iobinding(binding, options), stream, reps)
 
 
 def main():
@@ -81,9 +80,12 @@ def main():
         for batch, steps in ((1, 1), (1, 5), (4, 1), (4, 5)):
             if layout == "gqa" and batch > 1 and steps > 1:
                 continue   # ONNX Runtime's GroupQueryAttention: S > 1 over a past at batch 1 only
-            timer = gqa_times if layout == "gqa" else graph_probe.run_times
             try:
-                runs[f"B{batch}_S{steps}"] = round(timer(out, batch, args.capacity, steps, args.reps), 4)
+                if layout == "gqa":
+                    ms = gqa_times(out, batch, args.capacity, steps, args.reps, graph_probe.median_device_ms)
+                else:
+                    ms = graph_probe.run_times(out, batch, args.capacity, steps, args.reps)
+                runs[f"B{batch}_S{steps}"] = round(ms, 4)
             except Exception as exc:  # noqa: BLE001 - a probe reports what failed and goes on
                 runs[f"B{batch}_S{steps}"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         report["layouts"][layout] = {"run_ms": runs, "ops": graph_probe.optimized_ops(out / "model.onnx")}

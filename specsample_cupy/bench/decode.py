@@ -126,7 +126,7 @@ def rows_against_target(target_runs, configs, cuda_events: bool = True):
             "overhead_per_round_us": statistics.median(1e6 * r["overhead_per_round_s"] for r in runs),
             "events_per_round_us": statistics.median(1e6 * r["events_per_round_s"] for r in runs)
             if cuda_events else None,
-            "loop": runs[0]["loop"], "runs": runs})
+            "loop": runs[0]["loop"], "tokens_per_request": runs[0]["tokens_per_request"], "runs": runs})
     return rows
 
 

@@ -2,20 +2,15 @@
 ONNX Runtime cannot capture an export's runs as CUDA graphs: its shape arithmetic runs on the CPU).
 
 The copy is the converter's output (convert()) from the export's own weights (onnx_checkpoint.py), in
-the export's dtype, keyed by the export file's path, size and modification time: a changed export is
-converted again. Said once on stderr, when the copy is written.
+the export's dtype, keyed by the export file's path, size and modification time (layout.derived_folder):
+a changed export is converted again. Said once on stderr, when the copy is written.
 """
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 
 from specsample_cupy.convert.families import FAMILIES
-
-
-def default_root() -> Path:
-    return Path.home() / ".cache" / "specsample" / "converted"
 
 
 def convertible(folder) -> bool:
@@ -48,15 +43,16 @@ def converted_copy(folder, root: Path | None = None) -> Path:
     converter cannot read it."""
     from specsample_cupy.convert import FORMAT_VERSION, convert
     from specsample_cupy.convert.onnx_checkpoint import onnx_file
+    from specsample_cupy.runtime.layout import derived_folder
 
     folder = Path(folder)
     source = onnx_file(folder)
-    stat = source.stat()
-    dtype = _export_dtype(source)
-    key = hashlib.sha256(f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{dtype}|{FORMAT_VERSION}".encode())
-    out = Path(root or default_root()) / key.hexdigest()[:16]
+    out = derived_folder("converted", source, FORMAT_VERSION)
+    if root is not None:
+        out = Path(root) / out.name
     if (out / "config.json").exists():
         return out
+    dtype = _export_dtype(source)
     convert(folder, out, dtype=dtype, overwrite=True)
     print(f"{folder}: converted once into {out} ({dtype}), which runs with CUDA graphs", file=sys.stderr)
     return out

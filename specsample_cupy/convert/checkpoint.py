@@ -28,7 +28,8 @@ def read_json(path: Path) -> dict:
 
 class TensorFolder:
     """A folder of named tensors with a Hugging Face config.json: config (dict), names(), has(name),
-    get(name) -> np.ndarray in the stored dtype (subclasses), get_float(), side_file()."""
+    get(name) -> np.ndarray in the stored dtype (subclasses: their _where maps each name to where the
+    tensor is), get_float(), side_file()."""
 
     def __init__(self, folder):
         self.folder = Path(folder)
@@ -38,15 +39,16 @@ class TensorFolder:
         if not config_path.exists():
             raise ConversionError(f"{self.folder} has no config.json (not a Hugging Face checkpoint folder)")
         self.config = read_json(config_path)
+        self._where: dict = {}
 
     def names(self) -> set[str]:
-        raise NotImplementedError
+        return set(self._where)
+
+    def has(self, name: str) -> bool:
+        return name in self._where
 
     def get(self, name: str) -> np.ndarray:
         raise NotImplementedError
-
-    def has(self, name: str) -> bool:
-        return name in self.names()
 
     def get_float(self, name: str, shape: tuple[int, ...], dtype) -> np.ndarray:
         """The tensor as `dtype` (float16/float32), checked against `shape`."""
@@ -72,7 +74,6 @@ class Checkpoint(TensorFolder):
         from safetensors import safe_open
 
         super().__init__(folder)
-        self._where: dict[str, Path] = {}
         for shard in self._shards():
             with safe_open(str(shard), framework="numpy") as f:
                 for name in f.keys():
@@ -98,12 +99,6 @@ class Checkpoint(TensorFolder):
             raise ConversionError(f"{self.folder} holds PyTorch pickles, not safetensors; save the model with "
                                   "save_pretrained(..., safe_serialization=True)")
         raise ConversionError(f"{self.folder} has neither model.safetensors nor model.safetensors.index.json")
-
-    def names(self) -> set[str]:
-        return set(self._where)
-
-    def has(self, name: str) -> bool:
-        return name in self._where
 
     def get(self, name: str) -> np.ndarray:
         shard = self._where.get(name)

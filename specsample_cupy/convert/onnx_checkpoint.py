@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specsample_cupy.convert.checkpoint import ConversionError, TensorFolder, read_json
+from specsample_cupy.convert.checkpoint import ConversionError, TensorFolder
 
 ONNX_FILES = ("model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx")
 _LINEAR_NODE = re.compile(r"/(.+)/(MatMul|Gemm)(_\d+)?")
@@ -57,7 +57,7 @@ class OnnxCheckpoint(TensorFolder):
             raise ConversionError(f"{self.folder} has no {' / '.join(ONNX_FILES)}")
         model = onnx.load(str(path), load_external_data=False)
         self._inits = {t.name: t for t in model.graph.initializer}
-        self._where: dict[str, tuple[str, bool]] = {}   # Hugging Face name -> (initializer, transposed?)
+        # self._where: Hugging Face name -> (initializer, transposed?)
         for name in self._inits:
             if _PARAMETER.fullmatch(name):
                 self._where[name] = (name, False)
@@ -70,9 +70,6 @@ class OnnxCheckpoint(TensorFolder):
             trans_b = any(a.name == "transB" and a.i for a in node.attribute)
             self._where[hf] = (node.input[1], not (node.op_type == "Gemm" and trans_b))
 
-    def names(self) -> set[str]:
-        return set(self._where)
-
     def get(self, name: str) -> np.ndarray:
         from onnx import numpy_helper
 
@@ -83,5 +80,3 @@ class OnnxCheckpoint(TensorFolder):
         array = numpy_helper.to_array(self._inits[init], base_dir=str(self.folder))
         return np.ascontiguousarray(array.T) if transposed else array
 
-
-__all__ = ["OnnxCheckpoint", "onnx_file", "read_json"]

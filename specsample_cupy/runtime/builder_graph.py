@@ -8,21 +8,16 @@ With the cache bound at a fixed capacity C the mask is [B, C + S] wide, which wo
 C + S long; the device loop binds past and present to one buffer of C. So the graph is rewritten to
 take total_sequence_length as an input (the capacity, sessions_static), its shape arithmetic pruned,
 into a cache folder beside the weights it points to (symbolic links): the same model file every time,
-written once per source file (size and modification time), said once on stderr.
+written once per source file (layout.derived_folder), said once on stderr.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from pathlib import Path
 
 TOTAL = "total_sequence_length"
 GQA = "GroupQueryAttention"
-
-
-def default_cache_root() -> Path:
-    return Path.home() / ".cache" / "specsample" / "graphs"
 
 
 def _needs_rewrite(graph) -> str | None:
@@ -64,16 +59,21 @@ def rewrite(model) -> bool:
 
 
 def for_fixed_bindings(onnx_path, cache_root: Path | None = None) -> Path:
-    """onnx_path itself, or the rewritten copy of a builder graph (module docstring) in the cache."""
+    """onnx_path itself, or the rewritten copy of a builder graph (module docstring) in the cache. Only
+    a builder folder (genai_config.json beside the model) is read at all."""
     import onnx
 
+    from specsample_cupy.runtime.layout import derived_folder
+
     onnx_path = Path(onnx_path)
+    if not (onnx_path.parent / "genai_config.json").exists():
+        return onnx_path
     model = onnx.load(str(onnx_path), load_external_data=False)
     if _needs_rewrite(model.graph) is None:
         return onnx_path
-    stat = onnx_path.stat()
-    key = hashlib.sha256(f"{onnx_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    folder = Path(cache_root or default_cache_root()) / key
+    folder = derived_folder("graphs", onnx_path)
+    if cache_root is not None:
+        folder = Path(cache_root) / folder.name
     out = folder / onnx_path.name
     if out.exists():
         return out

@@ -6,7 +6,9 @@ lands at the top of site-packages.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+from pathlib import Path
 
 
 @functools.lru_cache(maxsize=None)
@@ -23,3 +25,13 @@ def package_name(folder: str) -> str:
 def models_module(name: str):
     """models/<name>.py as a module, wherever models/ is."""
     return importlib.import_module(f"{package_name('models')}.{name}")
+
+
+def derived_folder(kind: str, source, *extra) -> Path:
+    """~/.cache/specsample/<kind>/<key>: where a file derived from `source` (a model file) is kept, the
+    key from the source's resolved path, size and modification time (and `extra`), so that a changed
+    source is derived again."""
+    source = Path(source)
+    stat = source.stat()
+    text = "|".join(map(str, (source.resolve(), stat.st_size, stat.st_mtime_ns, *extra)))
+    return Path.home() / ".cache" / "specsample" / kind / hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -22,7 +22,7 @@ ONNX Runtime keeps every captured graph for the session's lifetime, so buffers a
 Capturing needs a graph without CPU nodes (no shape arithmetic), as models/export_onnx.py writes: for
 other exports ONNX Runtime refuses to create a capturing session. Such a model still runs with the
 same fixed bindings, each run enqueued by ONNX Runtime without a graph (capture=False): more host time
-per run, but the same buffers, so the device loop (decode_device) drives it like any other.
+per run, but the same buffers, so the device loop (decode/device_loop.py) drives it like any other.
 Models without a position_ids input, or with a use_cache_branch input, cannot take a cache with
 holes; the decoder uses sessions.DecoderSession for them.
 
@@ -44,9 +44,9 @@ import itertools
 import numpy as np
 
 from specsample_cupy.runtime import kernel_runtime
-from specsample_cupy.runtime.pinned import PinnedRing
 from specsample_cupy.runtime.model_folder import ModelSpec
 from specsample_cupy.runtime.ort_session import run_options
+from specsample_cupy.runtime.pinned import PinnedRing
 from specsample_cupy.runtime.sessions import DecoderSession
 from specsample_cupy.runtime.sessions_cache import KVCache
 
