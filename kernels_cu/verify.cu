@@ -6,22 +6,26 @@
 // takes the next ticket, runs that item, takes the next, until the tickets run out. Items are
 // ordered request by request:
 //   P1(b, row, slice)  one block reduces a vocabulary slice of one active row of request b, read
-//                      once with 16-byte loads: NaN/+Inf (probabilities: also negative) checks and
-//                      the row statistics: online softmax (max, sum exp; greedy rows: max and first
-//                      argmax), for probabilities the sum of the valid entries (greedy rows: also
-//                      the first argmax), for sigmoid the maximum alone (the no-mass check). Rows
-//                      are the gamma+1 target rows then the gamma draft rows. It publishes its
-//                      partial and bumps the request's counter (inactive rows only bump it).
+//                      once with 16-byte loads: NaN/+Inf (probabilities: also negative) checks,
+//                      flagged per row, and the row statistics: online softmax (max, sum exp;
+//                      greedy rows: max and first argmax), for probabilities the sum of the valid
+//                      entries (greedy rows: also the first argmax). Rows are the gamma+1 target
+//                      rows then the gamma draft rows. It publishes its partial and bumps the
+//                      request's counter (inactive rows only bump it). The sigmoid methods have no
+//                      P1 items: their acceptance needs two token logits per position.
 //   P2(b, slice)       exact / probs / greedy: waits until every P1 item of request b is counted,
-//                      combines the rows' partials (one warp per row, into shared memory); sigmoid
-//                      starts at once (its acceptance needs no statistics). Then it finds the first
-//                      rejection n with warp 0 (one lane per draft position, ballot) and runs an
-//                      exponential race (argmax r_j / E_j, E_j ~ Exp(1) from Philox) over its slice
-//                      of row n: r = max(0, p - q) for a rejection, r = p for the bonus token.
+//                      combines the rows' partials (one warp per row, into shared memory). Then
+//                      warp 0 (one lane per draft position, ballot) finds the position n where
+//                      verification stops: the first rejection, or the first position whose data
+//                      is invalid (first_rejection(): only the rows a decision reads are
+//                      validated). Sigmoid: warp 0 gathers the token logits and decides at once.
+//                      Then an exponential race (argmax r_j / E_j, E_j ~ Exp(1) from Philox) over
+//                      its slice of row n: r = max(0, p - q) for a rejection, r = p for the bonus
+//                      token; the sigmoid methods check the rows at n in the same pass (they are
+//                      the only rows they read in full).
 //                      The last P2 block of request b (atomic counter) reduces the slice winners
-//                      (sigmoid: after waiting for the request's P1 items, whose checks decide its
-//                      errors) and writes accepted / emitted / tokens / error, then zeroes the
-//                      request's counters.
+//                      and writes accepted / emitted / tokens / error, then zeroes the request's
+//                      counters.
 // SS_MODE_MIN_P (min-p truncation alone, fused): a P1 slice of one register load group (small
 // batches) is kept in registers while the row's slices agree on its maximum M (each publishes its
 // own through an atomic max on order-preserving keys and counts itself in on a per-row counter,
@@ -37,11 +41,11 @@
 // leaves the row's statistics for P2, which reads them instead of combining.
 // The race needs no prefix sum, so the residual is sampled by all slices in parallel and no
 // [gamma, V] probability, ratio or residual matrix is ever written. Requests' row n was read
-// moments before by P1, so its re-read hits L2.
+// moments before by P1, so its re-read hits L2 (the sigmoid methods read it only here).
 //
 // Progress does not depend on how many blocks are resident (another kernel on another stream,
-// MPS, a grid larger than the GPU holds): the only waits are P2 items (and sigmoid's finishing
-// block) waiting for P1 items of the same request, which come earlier in the item order and so
+// MPS, a grid larger than the GPU holds): the only waits are P2 items waiting for P1 items of the
+// same request, which come earlier in the item order and so
 // hold smaller tickets. A ticket is only ever held by a block that is running, and a P1 item never
 // waits but for a bounded time (min-p's agreement), so every awaited item is in progress and
 // finishes. Nothing waits for a P2 item. The
@@ -72,8 +76,9 @@
 // Loads in flight per thread in such a slice (float32: one fewer, for the registers).
 #define SS_AHEAD 4
 
-// Per P2 slice: the race's two winners (key, index) and the paper residual's partial sum.
-#define SS_CAND 5
+// Per P2 slice: the race's two winners (key, index), the paper residual's partial sum, and the
+// sigmoid methods' row masses (bit 0: the target row n has an entry > -inf, bit 1: the draft row).
+#define SS_CAND 6
 
 #define SS_INF __int_as_float(0x7f800000)
 #define SS_LOG2E 1.4426950408889634f
@@ -92,13 +97,13 @@ __device__ __forceinline__ void store_stat(int* p, SoftmaxStat s) {
 }
 
 // The two sigmoid methods. SIGMOID: acceptance and residual from sigmoid((z - offset) / scale) per
-// element (no softmax statistics), the bonus token exactly from softmax(z) (a race on exp(z - max),
-// the maximum being what P1's checks compute anyway). SIGMOID_PAPER: the paper's released code, as
+// element (no softmax statistics), the bonus token exactly from softmax(z) (a race on z - log E,
+// the same order as exp(z) / E). SIGMOID_PAPER: the paper's released code, as
 // written: sigma'(z) = 0 below the clamp window, 1 above it, the sigmoid inside; the residual
 // max(1e-5, max(0, sigma'p - sigma'q) / (1e-6 + sum)) and the bonus max(1e-5, z) (raw logits),
-// each drawn in proportion to its weight. Neither needs row statistics for acceptance, so P1 only
-// checks their rows; the paper's residual sum is taken in the race's own pass over row n (P2), the
-// only row pair it is needed for.
+// each drawn in proportion to its weight. Neither needs row statistics: there are no P1 items; the
+// race's own pass over row n (P2) checks the rows at n, takes the paper's residual sum, and races
+// SIGMOID's bonus token on z / T - log E (no maximum needed).
 __host__ __device__ constexpr bool is_sigmoid(int mode) {
   return mode == SS_MODE_SIGMOID || mode == SS_MODE_SIGMOID_PAPER;
 }
@@ -122,9 +127,8 @@ __device__ __forceinline__ float key_float(unsigned k) {
 template <int MODE> struct RowCombine { typedef CombineStat type; };
 template <> struct RowCombine<SS_MODE_PROBS> { typedef CombineSum type; };
 
-// What P1 computes over a slice: softmax statistics, max + first argmax (greedy rows), or the
-// maximum alone (sigmoid: only the checks and the no-mass test).
-enum ScanKind { SCAN_STATS, SCAN_ARGMAX, SCAN_CHECK };
+// What P1 computes over a slice: softmax statistics, or max + first argmax (greedy rows).
+enum ScanKind { SCAN_STATS, SCAN_ARGMAX };
 
 struct Request {
   int L;         // draft tokens to verify, in [0, G]
@@ -154,6 +158,7 @@ struct Verifier {
   unsigned race_purpose;
   int B, G, V, S1, C1, S2, C2, R;
   int *req_ctr, *fin_ctr, *err, *part, *cand;
+  int* err_row;       // [B * R] P1's value-error bits per row (the truncated modes use err [B])
   SoftmaxStat* rows;  // shared: the combined statistics of every row of the current P2 request
   const float* record;  // SS_MODE_WARPED: warp_rows_kernel's record of every row (warp_record.cuh)
   const float* span;    // SS_MODE_MIN_P: [B] min-p spans (raw logit units, temperature included)
@@ -212,8 +217,8 @@ struct Verifier {
 
   // Invalid values seen by any lane: one atomic per warp, only when it happens. (No block-wide
   // vote: the barriers that follow order it before this block's counter update.)
-  __device__ __forceinline__ void flag_bad(bool bad, int b, int code) const {
-    if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) atomicOr(err + b, code);
+  __device__ __forceinline__ void flag_bad(bool bad, int* word, int code) const {
+    if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) atomicOr(word, code);
   }
 
   // One P1 load group of this thread: LOADS loads of VEC entries, STEP apart from `base`; entries
@@ -293,8 +298,6 @@ struct Verifier {
         if constexpr (KIND != SCAN_ARGMAX) bad |= !(gm < SS_INF);
         if constexpr (KIND == SCAN_ARGMAX) {
           if (gm > m) { m = gm; st.arg = garg; }
-        } else if constexpr (KIND == SCAN_CHECK) {
-          m = fmaxf(m, gm);
         } else {
           if (gm > m) {
             st.s *= ex2_approx((m - gm) * c);
@@ -494,14 +497,13 @@ struct Verifier {
         if (rq.greedy) scan_slice<SCAN_ARGMAX>(row, lo, hi, rq.inv_t, st, bad);
         else if (C1 <= LOADS * SS_THREADS * VEC) scan_kept(row, b, r, lo, hi, rq, reinterpret_cast<float*>(red), sh, bad);
         else scan_kept_lists(row, b, r, lo, hi, rq, reinterpret_cast<float*>(red), sh, bad);
-      } else if constexpr (is_sigmoid(MODE)) {
-        scan_slice<SCAN_CHECK>(row, lo, hi, rq.inv_t, st, bad);
       } else if (rq.greedy) {
         scan_slice<SCAN_ARGMAX>(row, lo, hi, rq.inv_t, st, bad);
       } else {
         scan_slice<SCAN_STATS>(row, lo, hi, rq.inv_t, st, bad);
       }
-      flag_bad(bad, b, is_target ? SS_ERR_TARGET : SS_ERR_DRAFT);
+      // Per row (the truncated modes: per request, as warp_rows.cu does: they validate every row).
+      flag_bad(bad, is_truncated(MODE) ? err + b : err_row + (long long)b * R + r, is_target ? SS_ERR_TARGET : SS_ERR_DRAFT);
       if (MODE != SS_MODE_MIN_P || rq.greedy) {
         st = block_reduce(st, Combine(), red);
         if (threadIdx.x == 0) store_stat(part + ((long long)(b * R + r) * S1 + s) * 3, st);
@@ -674,9 +676,26 @@ struct Verifier {
     }
   }
 
-  // Warp 0: first rejected position (or L) and request-level errors. `first` holds this lane's
+  // The value and no-mass codes of row r of request b (exact, probabilities, greedy; after
+  // gather_rows): P1's flags and the combined statistics.
+  __device__ __forceinline__ int row_bits(int b, int r) const {
+    const SoftmaxStat st = rows[r];
+    const bool no_mass = MODE == SS_MODE_PROBS ? !(st.s > 0.f) : st.m == -SS_INF;
+    return __ldcg(err_row + (long long)b * R + r) | (no_mass ? SS_ERR_NO_MASS : 0);
+  }
+  // The codes of the rows at position i: target row i, and draft row i where it is read.
+  __device__ __forceinline__ int position_bits(int b, const Request& rq, int i) const {
+    return row_bits(b, i) | (row_active(rq, false, i) ? row_bits(b, G + 1 + i) : 0);
+  }
+
+  // Warp 0: the position n where verification stops (or L) and request-level errors. It stops at
+  // the first position with a draft id outside [0, V), invalid data where it reads (exact,
+  // probabilities, greedy: the position's rows, whose statistics need them whole; sigmoid: the two
+  // token logits, NaN or +Inf), or a rejection; only the rows at n are read after it (the residual
+  // or the bonus row), and only the rows a decision reads are validated (verification/cpu_numpy.py's rule; the
+  // truncated modes validate every row: warp_rows.cu reads them all). `first` holds this lane's
   // gathered position `lane` (positions 32.. are gathered here). Every id among the first L drafts
-  // is range-checked, also past the first rejection.
+  // is range-checked, also past n.
   __device__ __forceinline__ void first_rejection(int b, const Request& rq, const Gathered& first,
                                                   int* s_n, int* s_err) const {
     if (threadIdx.x >= 32) return;
@@ -684,18 +703,20 @@ struct Verifier {
     int n = rq.L, errs = rq.errs;
     for (int base = 0; base < rq.L; base += 32) {
       const int i = base + lane;
-      bool reject = false;
+      bool stop = false;
       if (i < rq.L) {
-        if (n == rq.L) {  // warp-uniform: no rejection yet
+        if (n == rq.L) {  // warp-uniform: no stop yet
           const Gathered g = base == 0 ? first : gather(b, i, rq);
-          if (!g.in_range) { errs |= SS_ERR_TOKEN; reject = true; }
-          else reject = !accepts(b, i, g, rq);
+          if (!g.in_range) { errs |= SS_ERR_TOKEN; stop = true; }
+          else if constexpr (is_sigmoid(MODE)) stop = !(g.zr < SS_INF) || !(g.yr < SS_INF) || !accepts(b, i, g, rq);
+          else if constexpr (is_truncated(MODE)) stop = !accepts(b, i, g, rq);
+          else stop = position_bits(b, rq, i) != 0 || !accepts(b, i, g, rq);
         } else {
           const long long x = (long long)draft_tokens[(long long)b * G + i];
           if (x < 0 || x >= V) errs |= SS_ERR_TOKEN;
         }
       }
-      const unsigned m = __ballot_sync(0xffffffffu, reject);
+      const unsigned m = __ballot_sync(0xffffffffu, stop);
       if (m && n == rq.L) n = base + __ffs(m) - 1;
     }
     errs = __reduce_or_sync(0xffffffffu, errs);
@@ -706,34 +727,34 @@ struct Verifier {
     const Request rq = request(b);
     Gathered first = {0, 0.f, 0.f, 0.f, 0.f, 0.f, false};
     if (threadIdx.x < 32) first = gather(b, threadIdx.x, rq);
+    // The sigmoid methods have no P1 items: acceptance needs the token logits alone, and the rows at
+    // n are checked here, in the race's own pass over them.
     if constexpr (!is_sigmoid(MODE)) gather_rows(b, rq, sh);
     first_rejection(b, rq, first, sh + 0, sh + 1);
     __syncthreads();
     const int n = sh[0];
     const bool bonus = n >= rq.L;
-    // The sigmoid methods wait for the request's rows only where the race needs them: the bonus
-    // row's maximum (SIGMOID). SIGMOID_PAPER never does: its residual's sum comes from the race's
-    // own pass over row n (see finish()).
-    const bool needs_rows = MODE == SS_MODE_SIGMOID && bonus;
-    if (is_sigmoid(MODE) && needs_rows) gather_rows(b, rq, sh);
-    const bool gathered = !is_sigmoid(MODE) || needs_rows;
-    const int errs = sh[1] | (gathered ? __ldcg(err + b) | (sh[4] ? SS_ERR_NO_MASS : 0) : 0);
+    int errs = sh[1];
+    if constexpr (is_truncated(MODE)) errs |= __ldcg(err + b) | (sh[4] ? SS_ERR_NO_MASS : 0);
+    else if constexpr (!is_sigmoid(MODE)) errs |= position_bits(b, rq, n);
 
-    RaceBest res = {-1.f, 0x7fffffff}, pb = {-1.f, 0x7fffffff};
+    // Keys start below every key (SIGMOID's bonus race keys are logarithms, negative too).
+    RaceBest res = {-SS_INF, 0x7fffffff}, pb = {-SS_INF, 0x7fffffff};
     float rsum = 0.f;   // SIGMOID_PAPER at a rejection: this slice's part of the residual's sum
-    if (!errs && !rq.greedy) {
+    bool bad_p = false, bad_q = false, mass_p = false, mass_q = false;   // the sigmoid methods' checks
+    const bool onehot = !is_sigmoid(MODE) && !draft;
+    const bool read_q = !bonus && !onehot;
+    // The sigmoid methods read the rows at n even for a request already in error: their codes are
+    // the request's (the rule does not depend on other codes).
+    if ((!errs || is_sigmoid(MODE)) && !rq.greedy) {
       const S* zrow = target_row(b, n);
       // One-hot drafts: no draft row; the residual max(0, p - onehot(x_n)) is p with x_n removed.
-      const bool onehot = !is_sigmoid(MODE) && !draft;
-      const bool read_q = !bonus && !onehot;
       const int xn = bonus || !onehot ? -1 : (int)draft_tokens[(long long)b * G + n];
       const S* yrow = read_q ? draft_row(b, n) : zrow;
       SoftmaxStat sp = {0.f, 1.f, 0}, sq = {0.f, 1.f, 0};
       if constexpr (!is_sigmoid(MODE)) {
         sp = rows[n];
         if (read_q) sq = rows[G + 1 + n];
-      } else if (needs_rows) {
-        sp = rows[n];   // SIGMOID: the bonus row's maximum
       }
       const float inv_sp = 1.f / sp.s, inv_sq = 1.f / sq.s;
       const float c = rq.inv_t * SS_LOG2E;
@@ -754,6 +775,11 @@ struct Verifier {
         race_variates<VEC>(stream(b, n, race_purpose), base, e);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
+          if constexpr (is_sigmoid(MODE)) {   // the row checks, here (see is_sigmoid)
+            bad_p |= !(z[k] < SS_INF);
+            mass_p |= z[k] > -SS_INF;
+            if (read_q) { bad_q |= !(y[k] < SS_INF); mass_q |= y[k] > -SS_INF; }
+          }
           float kr, kp;   // race keys: the residual's (or the bonus row's), and p's (the fallback)
           if constexpr (MODE == SS_MODE_SIGMOID_PAPER) {
             // Bonus: weight max(1e-5, z). Rejection: r = max(0, sigma'p - sigma'q), summed for the
@@ -767,11 +793,15 @@ struct Verifier {
               kr = r > 0.f ? __fdividef(r, e[k]) : -1.f;
               kp = __fdividef(1.f, e[k]);
             }
+          } else if (MODE == SS_MODE_SIGMOID && bonus) {
+            // softmax(z / T) without its maximum: argmax exp(z / T) / E = argmax z / T - log E (the
+            // same order; -inf entries never win), as sample_row.cuh races.
+            kr = kp = z[k] > -SS_INF ? fmaf(z[k], rq.inv_t, -__logf(e[k])) : -SS_INF;
           } else {
             float wp, wq;
             if constexpr (MODE == SS_MODE_SIGMOID) {
-              wp = bonus ? ex2_approx(fmaf(z[k], c, -mcp)) : sigma(z[k] * rq.inv_t);
-              wq = bonus ? 0.f : sigma(y[k] * rq.inv_t);
+              wp = sigma(z[k] * rq.inv_t);
+              wq = sigma(y[k] * rq.inv_t);
             } else {
               wp = weight(z[k], rq.inv_t, c, mcp, inv_sp);
               wq = read_q ? weight(y[k], rq.inv_t, c, mcq, inv_sq) : (base + k == xn ? 1.f : 0.f);
@@ -788,6 +818,12 @@ struct Verifier {
         }
       }
     }
+    int checks = 0;   // the sigmoid methods: this slice's masses (bit 0 target, bit 1 draft)
+    if constexpr (is_sigmoid(MODE)) {
+      flag_bad(bad_p, err + b, SS_ERR_TARGET);
+      flag_bad(bad_q, err + b, SS_ERR_DRAFT);
+      checks = (__syncthreads_or(mass_p) ? 1 : 0) | (__syncthreads_or(mass_q) ? 2 : 0);
+    }
     res = block_reduce(res, BetterRace(), red);
     pb = block_reduce(pb, BetterRace(), red);
     // The residual's sum is wanted at a rejection only (bonus and n are the same for the whole block).
@@ -798,28 +834,28 @@ struct Verifier {
       c[0] = __float_as_int(res.key); c[1] = res.idx;
       c[2] = __float_as_int(pb.key); c[3] = pb.idx;
       if (paper_rejects) c[4] = __float_as_int(rsum);
+      if (is_sigmoid(MODE)) c[5] = checks;
       sh[2] = publish_add(fin_ctr + b, 1) == S2 - 1;
     }
     __syncthreads();
     if (!sh[2]) return;
-    finish(b, rq, n, gathered, red, sh);
+    finish(b, rq, n, errs, read_q, red, sh);
   }
 
-  // Last P2 block of request b: reduce the slices' winners and write the outputs.
-  // gathered: this block has already waited for the request's rows (and combined them).
-  __device__ __forceinline__ void finish(int b, const Request& rq, int n, bool gathered, RaceBest* red, int* sh) const {
-    // Sigmoid: the request's row checks (its P1 items, smaller tickets) decide its errors.
-    if constexpr (is_sigmoid(MODE)) {
-      if (!gathered) gather_rows(b, rq, sh);
-    }
-    RaceBest res = {-1.f, 0x7fffffff}, pb = {-1.f, 0x7fffffff};
+  // Last P2 block of request b: reduce the slices' winners and write the outputs. errs: the codes
+  // known before the race (the sigmoid methods add their row checks, made in the race's pass).
+  __device__ __forceinline__ void finish(int b, const Request& rq, int n, int errs, bool read_q, RaceBest* red,
+                                         int* sh) const {
+    RaceBest res = {-SS_INF, 0x7fffffff}, pb = {-SS_INF, 0x7fffffff};
     float rsum = 0.f;
+    int checks = 0;
     const bool paper_rejects = MODE == SS_MODE_SIGMOID_PAPER && n < rq.L;
     for (int k = threadIdx.x; k < S2; k += SS_THREADS) {
       const int* c = cand + ((long long)b * S2 + k) * SS_CAND;
       res = better(res, RaceBest{__int_as_float(__ldcg(c)), __ldcg(c + 1)});
       pb = better(pb, RaceBest{__int_as_float(__ldcg(c + 2)), __ldcg(c + 3)});
       if (paper_rejects) rsum += __int_as_float(__ldcg(c + 4));
+      if (is_sigmoid(MODE)) checks |= __ldcg(c + 5);
     }
     res = block_reduce(res, BetterRace(), red);
     pb = block_reduce(pb, BetterRace(), red);
@@ -830,11 +866,18 @@ struct Verifier {
       rsum = block_reduce(rsum, AddFloat(), reinterpret_cast<float*>(red));
       if (res.key * (1.f / (1e-6f + rsum)) < 1e-5f * pb.key) res = pb;
     }
+    if constexpr (is_sigmoid(MODE)) {   // the rows at n: their values (P2's flags) and masses
+      checks = __syncthreads_or(checks & 1) | (__syncthreads_or(checks & 2) ? 2 : 0);
+      if (!rq.greedy) {
+        errs |= __ldcg(err + b);
+        if (!(checks & 1) || (read_q && !(checks & 2))) errs |= SS_ERR_NO_MASS;
+      }
+    }
     if (threadIdx.x == 0) {
-      int errs = sh[1] | __ldcg(err + b) | (sh[4] ? SS_ERR_NO_MASS : 0);
       int token = -1;
       if (!errs) {
         if (rq.greedy) token = rows[n].arg;
+        else if (MODE == SS_MODE_SIGMOID && n >= rq.L) token = res.key > -SS_INF ? res.idx : -1;
         else token = res.key > 0.f ? res.idx : (pb.key > 0.f ? pb.idx : -1);
         if (token < 0) errs |= SS_ERR_NO_MASS;  // no positive weight in row n (float underflow)
       }
@@ -847,8 +890,11 @@ struct Verifier {
       req_ctr[b] = 0;
       err[b] = 0;
     }
-    if constexpr (MODE == SS_MODE_MIN_P) {   // every P1 item of b is done with them (they counted in)
-      for (int r = threadIdx.x; r < R; r += SS_THREADS) { row_key[(long long)b * R + r] = 0u; row_cnt[(long long)b * R + r] = 0; }
+    if constexpr (!is_sigmoid(MODE)) {   // every P1 item of b is done with them (they counted in)
+      for (int r = threadIdx.x; r < R; r += SS_THREADS) {
+        err_row[(long long)b * R + r] = 0;
+        if constexpr (MODE == SS_MODE_MIN_P) { row_key[(long long)b * R + r] = 0u; row_cnt[(long long)b * R + r] = 0; }
+      }
     }
     __syncthreads();
     for (int i = threadIdx.x; i <= G; i += SS_THREADS) {
@@ -882,14 +928,15 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
   v.R = 2 * G + 1;
   const int R = v.R;
   v.req_ctr = ws; v.fin_ctr = ws + B; v.err = ws + 2 * B;
+  v.err_row = ws + 3 * B + 1;
   v.part = ws + part_off; v.cand = ws + cand_off;
   v.rows = reinterpret_cast<SoftmaxStat*>(dynamic_smem);
   v.lists = reinterpret_cast<float*>(dynamic_smem + ((3 * (2 * G + 1) + 3) & ~3));   // after the rows, 16-byte aligned
   v.record = record;
-  // SS_MODE_MIN_P: `record` is the [B] spans; the per-row counters follow the ticket.
+  // SS_MODE_MIN_P: `record` is the [B] spans; the per-row counters follow the per-row error bits.
   v.span = record;
-  v.row_key = reinterpret_cast<unsigned*>(ws + 3 * B + 1);
-  v.row_cnt = ws + 3 * B + 1 + B * R;
+  v.row_key = reinterpret_cast<unsigned*>(ws + 3 * B + 1 + B * R);
+  v.row_cnt = ws + 3 * B + 1 + 2 * B * R;
   v.row_wait = (int)gridDim.x >= S1;
   v.accepted = out; v.emitted = out + B; v.error = out + 2 * B; v.tokens = out + 3 * B;
   unsigned* ticket = reinterpret_cast<unsigned*>(ws + 3 * B);

@@ -4,7 +4,12 @@ Every (method, input kind) x edge case is one test id. On the CPU (always) each 
 exact error code of the request that got the edge case, that a request with an error emits
 nothing (tokens -1, accepted -1, emitted 0), and that every other request -- and the edited
 request itself where its edit touched only rows, ids or positions the method must not read --
-comes out exactly as in the same call without the edit. On the GPU (marked gpu) the same calls run
+comes out exactly as in the same call without the edit. Only the rows a decision reads are
+validated (reference.reference_verify's rule, issue 38; "baseline" still validates every active
+row), so request S's problem is laid out for it: position 0 is surely accepted, position 1 surely
+rejected (the stop, whose rows are read whole), rows past it are never read; each bad-row edit comes
+in a variant that is read (its code, no token) and one that is not, for some or all methods (code 0,
+the twin's outcome). On the GPU (marked gpu) the same calls run
 on CuPy and must equal the CPU field by field: tokens, emitted, accepted, error (argument errors:
 the same exception). "exact"/"sigmoid"/"greedy" use random logits (the kernels and the reference
 draw the same Philox numbers; "sigmoid" with offset 0 and scale 1); "baseline" draws from a stateful generator, so its problems have
@@ -72,9 +77,26 @@ def base_problem(method, probs, gamma=G):
         tokens = d_hot
     else:
         tokens, draft, target = random_problem(rng, B, gamma, V, scale=2.0, closeness=0.7)
+        if gamma >= 2:
+            _force_stop_at_1(tokens, draft, target)
     if probs:
         draft, target = softmax(draft.astype(np.float64)), softmax(target.astype(np.float64))
     return Problem(tokens.astype(np.int32), draft.astype(np.float32), target.astype(np.float32))
+
+
+STOP = 1                  # where verification of request S stops (non-baseline methods, gamma >= 2)
+
+
+def _force_stop_at_1(tokens, draft, target):
+    """Request S (logits, in place): draft 0 is the target's argmax with draft row 0 = target row 0, a
+    positive logit (accepted by every method: q = p, and in the paper's window), and draft 1 a token
+    of target logit -inf (p = 0: rejected by every method; not the argmax)."""
+    x0 = int(target[S, 0].argmax())
+    target[S, 0, x0] = max(target[S, 0, x0], 1.0)
+    draft[S, 0] = target[S, 0]
+    x1 = (int(target[S, 1].argmax()) + 1) % V
+    target[S, 1, x1] = NEG
+    tokens[S, :2] = x0, x1
 
 
 def _no_mass(probs):
@@ -117,6 +139,12 @@ def _all(code):
     return lambda method, probs: code
 
 
+def _read_by(code, *methods):
+    """code for the methods whose decisions read the edited data (and "baseline", which validates
+    every active row), 0 for the others."""
+    return lambda method, probs: code if method == "baseline" or method in methods else 0
+
+
 def _not_greedy(code):
     return lambda method, probs: 0 if method == "greedy" else code
 
@@ -124,6 +152,22 @@ def _not_greedy(code):
 def _logits_temps(code_for):
     """Per-request temperatures: probs=True refuses them (an argument error on both backends)."""
     return lambda method, probs: ValueError if probs else code_for(method)
+
+
+def _on_token(code):
+    """+Inf in the draft token's column: "baseline" from probabilities also reports NO_MASS, its
+    one-hot rows holding their only mass there (S's draft rows always; its target row 0 too, since in
+    this problem S's draft 0 is the target's hot id)."""
+    return lambda method, probs: code | (M_OK if method == "baseline" and probs else 0)
+
+
+def _put_token(attr, pos, value, on_token=True):
+    """Request S's entry at position pos in the column of its draft token there (or, on_token=False,
+    the next column): the sigmoid methods read the former alone before the stop."""
+    def edit(p, probs):
+        x = int(p.tokens[S, pos])
+        getattr(p, attr)[S, pos, x if on_token else (x + 1) % V] = value
+    return edit
 
 
 def _edit_many(*edits):
@@ -136,22 +180,43 @@ def _edit_many(*edits):
 nothing = lambda p, probs=None: None
 CASES = {
     "clean": Case(nothing, nothing, _all(0), matches_twin=True),
-    "target_nan": Case(nothing, _put("target", (S, 1, 5), np.nan), _all(T_OK)),
-    "target_posinf": Case(nothing, _put("target", (S, 2, 7), np.inf), _all(T_OK)),
+    # Bad target data: at the stop (read whole by every method), at the token logit before it (read by
+    # every method), elsewhere in a row before it (read by exact and greedy only), past it (read by none).
+    "target_nan": Case(nothing, _put("target", (S, STOP, 5), np.nan), _all(T_OK)),
+    "target_nan_off_token_before_stop": Case(nothing, _put_token("target", 0, np.nan, on_token=False),
+                                             _read_by(T_OK, "exact", "greedy"), matches_twin=True),
+    "target_nan_past_stop": Case(nothing, _put("target", (S, 2, 5), np.nan), _read_by(T_OK), matches_twin=True),
+    "target_posinf": Case(nothing, _put_token("target", 0, np.inf), _on_token(T_OK)),
+    "target_posinf_past_stop": Case(nothing, _put("target", (S, 2, 7), np.inf), _read_by(T_OK), matches_twin=True),
     # A negative probability is invalid; a logit far below the others is not (and changes nothing
     # for the one-hot rows of "baseline").
     "target_negative_value": Case(nothing, _put("target", (S, 0, 3), lambda probs: -0.25 if probs else -2000.0),
                                   lambda method, probs: T_OK if probs else 0),
     "target_nan_inactive_row": Case(lambda p: _lengths(p, 1), _put("target", (S, 3, 0), np.nan), _all(0),
                                     matches_twin=True),
-    "draft_nan": Case(nothing, _put("draft", (S, 1, 3), np.nan), _not_greedy(D_OK), matches_twin=True),
-    "draft_posinf": Case(nothing, _put("draft", (S, 0, 2), np.inf), _not_greedy(D_OK), matches_twin=True),
+    # Bad draft data (greedy reads no draft row): the row at the stop, the token logit before it, another
+    # entry before it (exact only), past the stop (none).
+    "draft_nan": Case(nothing, _put("draft", (S, STOP, 3), np.nan), _not_greedy(D_OK), matches_twin=True),
+    "draft_nan_past_stop": Case(nothing, _put("draft", (S, 2, 3), np.nan), _read_by(D_OK), matches_twin=True),
+    "draft_posinf": Case(nothing, _put_token("draft", 0, np.inf),
+                         lambda method, probs: 0 if method == "greedy" else _on_token(D_OK)(method, probs),
+                         matches_twin=True),
+    "draft_posinf_off_token": Case(nothing, _put_token("draft", 0, np.inf, on_token=False), _read_by(D_OK, "exact"),
+                                   matches_twin=True),
     "draft_nan_inactive_row": Case(lambda p: _lengths(p, 1), _put("draft", (S, 2, 4), np.nan), _all(0),
                                    matches_twin=True),
-    "target_row_no_mass": Case(nothing, _put("target", (S, 2), _no_mass), _all(M_OK)),
+    # Position 0's target row without mass: exact and greedy read it whole; for the sigmoid methods its
+    # token logit -inf (p = 0) rejects, and the row at that stop is read whole.
+    "target_row_no_mass": Case(nothing, _put("target", (S, 0), _no_mass), _all(M_OK)),
+    "target_row_no_mass_past_stop": Case(nothing, _put("target", (S, 2), _no_mass), _read_by(M_OK),
+                                         matches_twin=True),
     "target_row_no_mass_inactive": Case(lambda p: _lengths(p, 1), _put("target", (S, 3), _no_mass), _all(0),
                                         matches_twin=True),
-    "draft_row_no_mass": Case(nothing, _put("draft", (S, 1), _no_mass), _not_greedy(M_OK), matches_twin=True),
+    "draft_row_no_mass": Case(nothing, _put("draft", (S, STOP), _no_mass), _not_greedy(M_OK), matches_twin=True),
+    # Before the stop: exact reads the row whole; the sigmoid methods read its token logit, -inf (q = 0
+    # accepts, as before), so the row is not read.
+    "draft_row_no_mass_before_stop": Case(nothing, _put("draft", (S, 0), _no_mass), _read_by(M_OK, "exact"),
+                                          matches_twin=True),
     "draft_row_no_mass_inactive": Case(lambda p: _lengths(p, 1), _put("draft", (S, 2), _no_mass), _all(0),
                                        matches_twin=True),
     "token_too_large": Case(nothing, _put("tokens", (S, 2), V), _all(K_OK)),
@@ -169,7 +234,8 @@ CASES = {
     "scalar_temperature_zero": Case(nothing, lambda p, probs: setattr(p, "temperature", 0.0),
                                     lambda method, probs: ValueError if probs or method in SAMPLING_ONLY
                                     else 0, others_match=False),
-    "several_codes": Case(nothing, _edit_many(_put("target", (S, 0, 1), np.nan), _put("tokens", (S, 1), V),
+    # The id out of range at position 1 stops the walk there: target row 1 is read whole by every method.
+    "several_codes": Case(nothing, _edit_many(_put("target", (S, 1, 1), np.nan), _put("tokens", (S, 1), V),
                                               lambda p, probs: _lengths(p, G + 2)),
                           _all(T_OK | K_OK | L_OK)),
     "gamma_zero": Case(nothing, nothing, _all(0), gamma=0),
@@ -226,6 +292,8 @@ def test_contract_cpu(combo, case_name):
             run(edited, combo)
         return
     out, ref = host(run(edited, combo)), host(run(twin, combo))
+    if COMBOS[combo][0] != "baseline" and case.gamma >= 2:
+        assert ref["accepted"][S] == STOP, ref["accepted"]   # the layout the edits' positions assume
     assert out["error"][S] == expect, (out["error"], expect)
     others = [b for b in range(B) if b != S]
     assert (out["error"][others] == 0).all(), out["error"]

@@ -225,8 +225,14 @@ def test_nan_and_inf_logits_name_the_request(bad):
     p[1, 0, 3] = bad
     with pytest.raises(ValueError, match=r"target_logits .* request\(s\) 1"):
         verify(t, d, p).check()
+    clean = verify(t, d, _ok(B=4)[2])
+    assert clean.accepted[3] == 0                    # request 3 stops at position 0: its rows there are read
     d = d.copy()
-    d[3, 2, 0] = bad
+    d[3, 2, 0] = bad                                 # past the stop: never read, so no error and no change
+    res = verify(t, d, _ok(B=4)[2])
+    assert res.error.tolist() == [0, 0, 0, 0]
+    np.testing.assert_array_equal(res.tokens, clean.tokens)
+    d[3, 0, 0] = bad                                 # the draft row at the stop
     res = verify(t, d, _ok(B=4)[2])
     assert res.error.tolist() == [0, 0, 0, errors.DRAFT_VALUES]
     with pytest.raises(ValueError, match=r"draft_logits .* request\(s\) 3"):
@@ -268,7 +274,11 @@ def test_bad_arguments():
 # rejection) and the race's counters once each; its results must stay bit for bit those below.
 # The sigmoid modes' weights (reference.row_weights and the race weights of row n) are defined by
 # the reference itself and used from it; what is frozen is everything around them.
-def _request_errors_before(draft_tokens, draft, target, lengths, temps, *, probs, greedy_ok, greedy_all):
+# Which rows are validated follows issue 38's rule (reference_verify's docstring), stated here on
+# whole arrays: every row's codes are computed, and only those of the rows a decision reads count
+# (_reference_verify_before); rows=True is the rule of every active row (baseline, truncation).
+def _request_errors_before(draft_tokens, draft, target, lengths, temps, *, probs, greedy_ok, greedy_all,
+                           rows=True):
     B, G1, V = target.shape
     G = G1 - 1
     temps = temps.astype(np.float64)
@@ -283,21 +293,29 @@ def _request_errors_before(draft_tokens, draft, target, lengths, temps, *, probs
     err |= code((lengths < 0) | (lengths > G), errors.LENGTH)
     L = np.clip(lengths, 0, G)
     t_rows = np.arange(G1)[None, :] <= L[:, None]
-    if probs:
-        invalid = lambda a: ~((a >= 0) & (a < np.inf))
-        no_mass = lambda a: ~((a > 0) & (a < np.inf)).any(-1)
-    else:
-        invalid = lambda a: ~(a < np.inf)
-        no_mass = lambda a: ~(a > -np.inf).any(-1)
-    err |= code((invalid(target).any(-1) & t_rows).any(-1), errors.TARGET_VALUES)
-    err |= code((no_mass(target) & t_rows).any(-1), errors.NO_MASS)
+    if rows:
+        t_bits = _row_bits_before(target, probs, errors.TARGET_VALUES)
+        err |= np.bitwise_or.reduce(np.where(t_rows, t_bits, 0), -1).astype(np.int32)
     if G:
         in_draft = np.arange(G)[None, :] < L[:, None]
         d_rows = in_draft & ~greedy[:, None]
-        err |= code((invalid(draft).any(-1) & d_rows).any(-1), errors.DRAFT_VALUES)
-        err |= code((no_mass(draft) & d_rows).any(-1), errors.NO_MASS)
+        if rows:
+            d_bits = _row_bits_before(draft, probs, errors.DRAFT_VALUES)
+            err |= np.bitwise_or.reduce(np.where(d_rows, d_bits, 0), -1).astype(np.int32)
         err |= code((((draft_tokens < 0) | (draft_tokens >= V)) & in_draft).any(-1), errors.TOKEN_RANGE)
     return err, L, greedy, temps
+
+
+def _row_bits_before(a, probs, value_code):
+    """Code bits [..] int32 of every row of a [.., V]: value_code where it holds NaN or +Inf (probs:
+    NaN, a negative value or +Inf), NO_MASS where no entry is > -Inf (probs: in (0, +Inf))."""
+    if probs:
+        invalid = ~((a >= 0) & (a < np.inf))
+        no_mass = ~((a > 0) & (a < np.inf)).any(-1)
+    else:
+        invalid = ~(a < np.inf)
+        no_mass = ~(a > -np.inf).any(-1)
+    return (np.where(invalid.any(-1), int(value_code), 0) | np.where(no_mass, int(errors.NO_MASS), 0)).astype(np.int32)
 
 
 def _row_weights_before(x, temps, *, mode, sigmoid_offset, sigmoid_scale):
@@ -315,9 +333,10 @@ def _reference_verify_before(draft_tokens, draft, target, lengths, temps, *, mod
                              race_purpose, sigmoid_offset, sigmoid_scale, greedy_all=False):
     B, G1, V = target.shape
     G = G1 - 1
+    probs = mode == "probs"
     err, L, greedy, temps = _request_errors_before(draft_tokens, draft, target, lengths, temps,
-                                                   probs=mode == "probs", greedy_all=greedy_all,
-                                                   greedy_ok=mode not in reference.SIGMOID_MODES)
+                                                   probs=probs, greedy_all=greedy_all,
+                                                   greedy_ok=mode not in reference.SIGMOID_MODES, rows=False)
     kw = dict(mode=mode, sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale)
     p = _row_weights_before(target, temps, **kw)
     q = _row_weights_before(draft, temps, **kw)
@@ -331,8 +350,23 @@ def _reference_verify_before(draft_tokens, draft, target, lengths, temps, *, mod
         accept = (px > 0) & (u * qx <= px)
     target_argmax = target.astype(np.float64).argmax(-1)
     accept = np.where(greedy[:, None], x == target_argmax[:, :G], accept)
-    reject = ~accept & (pos[None, :] < L[:, None])
-    n = np.where(reject.any(-1), reject.argmax(-1), L) if G else L
+    # The walk stops at the first position with an id outside [0, V), bad data where it reads (exact,
+    # probs, greedy: the position's rows whole, the draft's unless greedy; sigmoid: the two token
+    # logits, NaN or +Inf), or a rejection; the rows at the stop n are read whole: their codes count.
+    t_bits, d_bits = _row_bits_before(target, probs, errors.TARGET_VALUES), _row_bits_before(draft, probs,
+                                                                                          errors.DRAFT_VALUES)
+    if mode in reference.SIGMOID_MODES:
+        tx = np.take_along_axis(target[:, :G], x[..., None], -1)[..., 0]
+        dx = np.take_along_axis(draft, x[..., None], -1)[..., 0]
+        with np.errstate(invalid="ignore"):
+            bad = ~(tx < np.inf) | ~(dx < np.inf)
+    else:
+        bad = (t_bits[:, :G] != 0) | ((d_bits != 0) & ~greedy[:, None])
+    stop = (~accept | bad | (draft_tokens < 0) | (draft_tokens >= V)) & (pos[None, :] < L[:, None])
+    n = np.where(stop.any(-1), stop.argmax(-1), L) if G else L
+    err |= t_bits[b, n]
+    if G:
+        err |= np.where((n < L) & ~greedy, d_bits[b, np.minimum(n, G - 1)], 0).astype(np.int32)
     p_n = p[b, n]
     q_n = np.where((n < L)[:, None], q[b, np.minimum(n, max(G - 1, 0))] if G else 0.0, 0.0)
     with np.errstate(invalid="ignore"):
@@ -411,7 +445,7 @@ def _random_case(rng):
 
 def test_reference_is_bit_for_bit_the_full_array_reference_on_random_and_edge_cases():
     rng = np.random.default_rng(2024)
-    seen, race_without_mass = set(), False
+    seen, race_without_mass, unread_bad_rows = set(), False, False
     for case in range(400):
         args, kw = _random_case(rng)
         copies = [a.copy() for a in args]
@@ -427,11 +461,12 @@ def test_reference_is_bit_for_bit_the_full_array_reference_on_random_and_edge_ca
         checked = _request_errors_before(*args[:5], probs=kw["mode"] == "probs", greedy_all=kw["greedy_all"],
                                          greedy_ok=kw["mode"] not in reference.SIGMOID_MODES)[0]
         race_without_mass |= bool(((checked == 0) & (new[3] == errors.NO_MASS)).any())
+        unread_bad_rows |= bool(((checked != 0) & (new[3] == 0)).any())   # bad rows that no decision reads
     # The cases reach every error code and both ends of acceptance.
     for code in (errors.TEMPERATURE, errors.LENGTH, errors.TARGET_VALUES, errors.DRAFT_VALUES,
                  errors.NO_MASS, errors.TOKEN_RANGE):
         assert any(kind == "error" and e & code for kind, e in seen), code
-    assert {("accepted", 0), ("accepted", 5), ("error", 0)} <= seen and race_without_mass
+    assert {("accepted", 0), ("accepted", 5), ("error", 0)} <= seen and race_without_mass and unread_bad_rows
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

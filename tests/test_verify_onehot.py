@@ -72,15 +72,21 @@ def test_greedy_accepts_while_the_proposal_is_the_argmax(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_requests_and_arguments(backend):
     xp = _xp(backend)
-    B, G, V = 3, 2, 16
+    B, G, V = 4, 2, 16
     target = np.zeros((B, G + 1, V), np.float32)
     tokens = np.ones((B, G), np.int32)
     tokens[1, 0] = V                                        # out of range
-    target[2, 1, 4] = np.nan                                # a bad active target row
+    target[2, 0, 4] = np.nan                                # a bad target row a decision reads (position 0)
+    target[3, 0, 1] = -np.inf                               # p(x_0) = 0: request 3 surely rejects at 0 ...
+    clean = verify(xp.asarray(tokens), None, xp.asarray(target), seed=1)
+    target[3, 1, 4] = np.nan                                # ... so its row 1 is never read
     res = verify(xp.asarray(tokens), None, xp.asarray(target), seed=1)
     err = _host(res.error)
-    assert err[0] == 0 and err[1] & errors.TOKEN_RANGE and err[2] & errors.TARGET_VALUES
-    assert (_host(res.tokens)[1:] == -1).all() and (_host(res.emitted)[1:] == 0).all()
+    assert err[0] == 0 and err[1] & errors.TOKEN_RANGE and err[2] & errors.TARGET_VALUES and err[3] == 0
+    assert (_host(res.tokens)[1:3] == -1).all() and (_host(res.emitted)[1:3] == 0).all()
+    assert _host(res.accepted)[3] == 0 and _host(res.tokens)[3, 0] != 1
+    for f in ("tokens", "accepted", "emitted"):
+        np.testing.assert_array_equal(_host(getattr(res, f))[[0, 3]], _host(getattr(clean, f))[[0, 3]], err_msg=f)
     for method in ("sigmoid", "sigmoid-paper", "baseline"):
         with pytest.raises(ValueError, match="one-hot"):
             verify(xp.asarray(tokens), None, xp.asarray(target), method=method)

@@ -340,21 +340,30 @@ def test_greedy_requests_ignore_the_warps():
 
 
 def test_errors_are_unchanged_by_the_warps():
+    """Bad rows that both rules read give the same codes with and without the warps. Plain sampling
+    validates only the rows its decisions read (reference_verify's rule), truncated sampling every
+    active row (it warps them all): a bad row past the plain stop tells the two apart."""
     rng = np.random.default_rng(8)
     B, G, V = 5, 2, 16
     tokens, draft, target = _problem(rng, B, G, V)
-    target[0, 1, 3] = np.nan
-    target[1, 0, 5] = np.inf
-    draft[2, 1] = NEG
-    tokens[3, 0] = V
-    target[4, 2, 0] = np.inf
+    clean = verify(tokens, draft, target, seed=2)
+    assert clean.accepted.tolist() == [1, 1, 2, 0, 0]   # where the plain walk stops without the edits
+    target[0, 1, 3] = np.nan          # the row at the plain stop (1): read by both
+    target[1, 0, 5] = np.inf          # position 0: read by both
+    draft[2, 1] = NEG                 # a draft row before the plain stop (2): read whole by both
+    tokens[3, 0] = V                  # request-level
+    target[4, 2, 0] = np.inf          # past the plain stop (0): only the warps read it
     kw = dict(top_k=2, top_p=0.5, min_p=0.5)
     plain = verify(tokens, draft, target, seed=2)
     warped = verify(tokens, draft, target, seed=2, **kw)
     assert plain.error.tolist() == [errors.TARGET_VALUES, errors.TARGET_VALUES, errors.NO_MASS,
-                                    errors.TOKEN_RANGE, errors.TARGET_VALUES]
-    np.testing.assert_array_equal(warped.error, plain.error)
+                                    errors.TOKEN_RANGE, 0]
+    assert warped.error.tolist() == [errors.TARGET_VALUES, errors.TARGET_VALUES, errors.NO_MASS,
+                                     errors.TOKEN_RANGE, errors.TARGET_VALUES]
     assert (warped.tokens == -1).all()
+    assert (plain.tokens[:4] == -1).all()
+    for f in ("accepted", "emitted", "tokens"):   # the unread row changes nothing
+        np.testing.assert_array_equal(getattr(plain, f)[4], getattr(clean, f)[4], err_msg=f)
 
 
 def test_half_and_bfloat16_inputs_warp_like_float32():

@@ -252,3 +252,48 @@ def _cpu_name():
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
+
+
+# ---- the rows-read table (issue 38): exact / sigmoid / sigmoid-paper, random and sampled drafts ------
+ROWS_READ_POINTS = ((1, 32000), (1, 151936), (1, 256000), (8, 151936), (64, 151936), (64, 256000))
+
+
+def sampled_drafts(cp, inputs, seed=0):
+    """The input ring with each set's draft tokens drawn from softmax(draft) (Gumbel argmax), so
+    acceptance is what a real draft gets instead of random ids' early rejections."""
+    rs = cp.random.RandomState(seed + 1)
+    out = []
+    for tokens, draft, target in inputs:
+        g = -cp.log(-cp.log(rs.uniform(1e-20, 1.0, draft.shape, dtype=cp.float32)))
+        out.append(((draft.astype(cp.float32) + g).argmax(-1).astype(cp.int32), draft, target))
+    return InputRing(out, inputs.rotate_bytes)
+
+
+def rows_read_table(points=ROWS_READ_POINTS, dtypes=("float32",), gamma=5, reps=30,
+                    methods=("exact", "sigmoid", "sigmoid-paper")):
+    """Device µs per call (time_method: rotated inputs, queued behind a busy kernel) of each method
+    at each (B, V) point, for random draft ids and for ids sampled from the draft."""
+    import cupy as cp
+    rows = []
+    for dtype in dtypes:
+        for B, V in points:
+            ring = make_inputs(cp, B, gamma, V, dtype)
+            for drafts, inputs in (("random", ring), ("sampled", sampled_drafts(cp, ring))):
+                for method in methods:
+                    dev, _ = time_method(cp, method, inputs, reps)
+                    rows.append(dict(dtype=dtype, B=B, V=V, drafts=drafts, method=method, us=dev * 1e6))
+            del ring, inputs
+            cp.get_default_memory_pool().free_all_blocks()
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    return dict(device=props["name"].decode(), gamma=gamma, reps=reps, rows=rows)
+
+
+if __name__ == "__main__":   # python3 specsample_cupy/bench/verify.py LABEL OUT.json [dtype ...]
+    import json
+    import sys
+    table = rows_read_table(dtypes=tuple(sys.argv[3:]) or ("float32",))
+    table["label"] = sys.argv[1]
+    with open(sys.argv[2], "w") as f:
+        json.dump(table, f)
+    for r in table["rows"]:
+        print(sys.argv[1], r["dtype"], r["B"], r["V"], r["drafts"], r["method"], f"{r['us']:.1f}")

@@ -403,7 +403,10 @@ def _verify_cpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
     accepted, tokens, emitted, err = reference_verify(
         draft_tokens, draft, target, lengths, temps, mode=mode, seed=int(seed), offset=int(offset),
         race_purpose=race_purpose, sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale,
-        greedy_all=method == "greedy", streams=streams)
+        greedy_all=method == "greedy", streams=streams,
+        # Truncated sampling (and log-probabilities: the GPU reads them from the truncation's row
+        # records) reads every active row, so it validates them all; else only the rows decided on.
+        read_rows="all" if logprobs or (warps is not None and method != "greedy") else "decided")
     res = VerifyResult.from_arrays(np, accepted, tokens, emitted, err)
     if logprobs:
         greedy = (temps == 0) if method != "greedy" else np.ones(B, bool)

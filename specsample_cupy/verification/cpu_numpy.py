@@ -21,9 +21,13 @@ def _or(xp, err, mask, code):
 
 
 def request_errors(draft_tokens, draft, target, lengths, temps, *, probs, greedy_ok=True,
-                   greedy_all=False, xp=np, row_max=(None, None)):
-    """Error codes [B] int32 (specsample_cupy.errors) of every request, as the kernels compute them,
+                   greedy_all=False, xp=np, row_max=(None, None), rows=True):
+    """Error codes [B] int32 (specsample_cupy.runtime.errors) of every request, as the kernels compute them,
     with arrays of module xp (the GPU baseline runs this on CuPy, without synchronising).
+
+    rows=True checks every active row (below): the rule of the baseline and of truncated sampling,
+    which read every row. rows=False leaves the row codes (TARGET_VALUES, DRAFT_VALUES, NO_MASS)
+    out: reference_verify() adds those of the rows its decisions read (_RowChecks).
 
     Rules (verify()'s docstring states them for users):
       TEMPERATURE: temps[b] negative or not finite, or 0 where the method has no greedy mode
@@ -54,16 +58,18 @@ def request_errors(draft_tokens, draft, target, lengths, temps, *, probs, greedy
     temps = xp.where(bad_t | greedy, 1.0, temps)
     err = _or(xp, err, (lengths < 0) | (lengths > G), errors.LENGTH)
     L = xp.clip(lengths, 0, G)
-    t_rows = xp.arange(G1)[None, :] <= L[:, None]
-    invalid, no_mass = _row_checks(target, probs, xp, row_max[0])
-    err = _or(xp, err, (invalid & t_rows).any(-1), errors.TARGET_VALUES)
-    err = _or(xp, err, (no_mass & t_rows).any(-1), errors.NO_MASS)
+    if rows:
+        t_rows = xp.arange(G1)[None, :] <= L[:, None]
+        invalid, no_mass = _row_checks(target, probs, xp, row_max[0])
+        err = _or(xp, err, (invalid & t_rows).any(-1), errors.TARGET_VALUES)
+        err = _or(xp, err, (no_mass & t_rows).any(-1), errors.NO_MASS)
     if G:
         in_draft = xp.arange(G)[None, :] < L[:, None]
-        d_rows = in_draft & ~greedy[:, None]
-        invalid, no_mass = _row_checks(draft, probs, xp, row_max[1])
-        err = _or(xp, err, (invalid & d_rows).any(-1), errors.DRAFT_VALUES)
-        err = _or(xp, err, (no_mass & d_rows).any(-1), errors.NO_MASS)
+        if rows:
+            d_rows = in_draft & ~greedy[:, None]
+            invalid, no_mass = _row_checks(draft, probs, xp, row_max[1])
+            err = _or(xp, err, (invalid & d_rows).any(-1), errors.DRAFT_VALUES)
+            err = _or(xp, err, (no_mass & d_rows).any(-1), errors.NO_MASS)
         err = _or(xp, err, (((draft_tokens < 0) | (draft_tokens >= V)) & in_draft).any(-1), errors.TOKEN_RANGE)
     return err, L, greedy, temps
 
@@ -72,6 +78,11 @@ def _row_checks(a, probs, xp, hi=None):
     """(invalid, no_mass) of every row of a [..., V] by request_errors()' rules: invalid when the
     row holds NaN or +Inf (probs: NaN, a negative value or +Inf), no_mass when no entry is > -Inf
     (probs: in (0, +Inf))."""
+    return _row_checks_max(a, probs, xp, hi)[:2]
+
+
+def _row_checks_max(a, probs, xp, hi=None):
+    """_row_checks() and the rows' maxima (NumPy: float32, NaN where the row holds NaN; CuPy: None)."""
     if probs:
         bad = lambda v: ~((v >= 0) & (v < np.inf))
         mass = lambda v: (v > 0) & (v < np.inf)
@@ -79,7 +90,7 @@ def _row_checks(a, probs, xp, hi=None):
         bad = lambda v: ~(v < np.inf)
         mass = lambda v: v > -np.inf
     if xp is not np:   # element by element: CuPy runs this without a host synchronisation
-        return bad(a).any(-1), ~mass(a).any(-1)
+        return bad(a).any(-1), ~mass(a).any(-1), None
     # NumPy: a row holds a bad entry exactly when its max or min (NaN propagates) is bad, and a row
     # without one has mass exactly when its max has; one or two vectorised reductions instead of
     # several element-wise passes. The rare rows with a bad entry are checked entry by entry.
@@ -90,7 +101,7 @@ def _row_checks(a, probs, xp, hi=None):
     if invalid.any():
         rows = np.flatnonzero(invalid)
         no_mass.reshape(-1)[rows] = ~mass(_exact_float32(a.reshape(-1, a.shape[-1])[rows])).any(-1)
-    return invalid, no_mass
+    return invalid, no_mass, hi
 
 
 def _half_row_extremes(a):
@@ -266,7 +277,7 @@ class _RowsOnDemand:
     and computed only where those leave a decision open."""
 
     def __init__(self, x, temps, kw, top=None):
-        self.x, self.temps, self.kw, self.top = x, temps, kw, top    # top: x.max(-1) of float32 logits
+        self.x, self.temps, self.kw, self.top = x, temps, kw, top    # top: a _RowChecks of float32 logits
         self.done = {}                           # (b, r) -> [terms [V], divisor]
         self.pooled = []                         # rows of _RowPool's, handed back by release()
         self.scratch = None                      # float32 [V] of the float32 bounds, one of those rows
@@ -324,7 +335,7 @@ class _RowsOnDemand:
         exact = []
         for k, (b, i, c) in enumerate(zip(reqs.ravel().tolist(), r.ravel().tolist(), cols.ravel().tolist())):
             if self.bounded(b, i):
-                lo[k], hi[k] = _softmax_bounds(self.x[b, i], self.top[b, i], c, self._scratch() if sums else None)
+                lo[k], hi[k] = _softmax_bounds(self.x[b, i], self.top.max(b, i), c, self._scratch() if sums else None)
             else:
                 exact.append(k)
         if exact:
@@ -334,7 +345,7 @@ class _RowsOnDemand:
     def race(self, b, i, bits) -> int:
         """The race's winner in bounded() row (b, i) with Philox bits [V] from float32 keys
         (_softmax_race()), the row left uncomputed; -1 where those leave it open."""
-        return _softmax_race(self.x[b, i], self.top[b, i], bits, self._scratch())
+        return _softmax_race(self.x[b, i], self.top.max(b, i), bits, self._scratch())
 
     def rows(self, reqs, r, *, only):
         """Rows (reqs[k], r[k]) [len(reqs), V] where only[k], 0 elsewhere. Read only: with a single
@@ -351,6 +362,38 @@ class _RowsOnDemand:
         for k, (terms, _) in zip(np.flatnonzero(only), rows):
             out[k] = terms
         return out
+
+
+class _RowChecks:
+    """request_errors()' row checks of single rows of a [B, R, V], each computed when a decision first
+    reads the row (verification validates the rows it reads, no others): the code bits of row (b, r)
+    (`code` where it holds an invalid value, NO_MASS where it has no mass) and, kept with them, its
+    maximum (float32 logits' bounds start from it)."""
+
+    def __init__(self, a, probs, code):
+        self.a, self.probs, self.code = a, probs, int(code)
+        self.done = {}                           # (b, r) -> (bits, max)
+
+    def _compute(self, keys):
+        todo = [k for k in dict.fromkeys(keys) if k not in self.done]
+        size = max(1, ROW_BLOCK // self.a.shape[-1])
+        for group in (todo[k:k + size] for k in range(0, len(todo), size)):
+            b, r = np.array(group).T
+            rows = self.a[b[0], r[0]][None] if len(group) == 1 else self.a[b, r]
+            invalid, no_mass, hi = _row_checks_max(rows, self.probs, np)
+            bits = np.where(invalid, self.code, 0) | np.where(no_mass, int(errors.NO_MASS), 0)
+            self.done.update((key, (int(c), h)) for key, c, h in zip(group, bits.tolist(), hi.tolist()))
+
+    def bits(self, reqs, r):
+        """Code bits [len(reqs)] int32 of rows (reqs[k], r[k])."""
+        keys = list(zip(np.ravel(reqs).tolist(), np.ravel(r).tolist()))
+        self._compute(keys)
+        return np.array([self.done[k][0] for k in keys], np.int32).reshape(np.shape(reqs))
+
+    def max(self, b, r):
+        """Row (b, r)'s maximum (checked first, so a valid row's)."""
+        self._compute([(int(b), int(r))])
+        return np.float32(self.done[(int(b), int(r))][1])
 
 
 def _greedy_argmax(target, greedy):
@@ -435,7 +478,7 @@ def _race(residual, rows, streams, n, purpose):
 
 def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed, offset,
                      race_purpose, sigmoid_offset=-10000.0, sigmoid_scale=20000.0, greedy_all=False,
-                     streams=None):
+                     streams=None, read_rows="decided"):
     """Returns (accepted [B], tokens [B, G+1], emitted [B], error [B]) as int32 NumPy arrays.
 
     streams: None (request b draws at Philox request word b, the call's seed and offset) or [B, 2]
@@ -445,6 +488,17 @@ def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed,
     Temperature-0 requests are greedy (accept while the draft is the target's argmax) except in
     the sigmoid modes, where temperature 0 is an error; greedy_all makes every request greedy
     (method "greedy"). A request with an error emits nothing (see request_errors()).
+
+    Rows validated (read_rows="decided", the kernel's rule): those a decision reads. Verification
+    walks positions i = 0, 1, ... < L and stops at the first that has a draft id outside [0, V),
+    invalid data where it reads (exact, probs, greedy: the position's target and draft rows, their
+    statistics needing the whole rows; sigmoid modes: the two token logits alone, NaN or +Inf), or a
+    rejection; n is that position, or L. The rows at n (target row n, draft row n when n < L) are
+    then read in full, for the residual or the bonus token, and their codes (TARGET_VALUES,
+    DRAFT_VALUES, NO_MASS) are the request's, with the request-level ones (TEMPERATURE, LENGTH,
+    TOKEN_RANGE of any id in [:L]). Rows past n are never read: they may hold anything.
+    read_rows="all": every active row's codes as well (request_errors(rows=True)), the rule of
+    truncated sampling, whose warping reads every row.
 
     The sigmoid modes accept draft i while u * s(q) <= s(p) (s: row_weights' sigmoid of the draft
     token's scaled logits) and at the first rejection n sample in proportion to
@@ -456,31 +510,32 @@ def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed,
     """
     B, G1, V = target.shape
     G = G1 - 1
-    # Float32 logits' row maxima: request_errors() checks them, and the float32 bounds start from them.
-    top = [a.max(-1) if mode == "logits" and a.dtype == np.float32 else None for a in (target, draft)]
+    probs, sigmoid = mode == "probs", mode in SIGMOID_MODES
+    # Request-level codes now; row codes for the rows the decisions below read (read_rows="all":
+    # every active row, as truncated sampling, which reads them all, has it).
     err, L, greedy, temps = request_errors(draft_tokens, draft, target, np.asarray(lengths),
-                                           np.asarray(temps, np.float64), probs=mode == "probs",
-                                           greedy_ok=mode not in SIGMOID_MODES, greedy_all=greedy_all,
-                                           row_max=top)
+                                           np.asarray(temps, np.float64), probs=probs,
+                                           greedy_ok=not sigmoid, greedy_all=greedy_all,
+                                           rows=read_rows == "all")
+    t_check = _RowChecks(target, probs, errors.TARGET_VALUES)
+    d_check = _RowChecks(draft, probs, errors.DRAFT_VALUES)
     kw = dict(mode=mode, sigmoid_offset=sigmoid_offset, sigmoid_scale=sigmoid_scale)
-    # The weights, each row computed when a step below first reads it.
-    p = _RowsOnDemand(target, temps, kw, top[0])
-    q = _RowsOnDemand(draft, temps, kw, top[1])
+    # The weights, each row computed when a step below first reads it; float32 logits' bounds start
+    # from the rows' maxima, which their checks compute.
+    float32_logits = mode == "logits" and target.dtype == np.float32
+    p = _RowsOnDemand(target, temps, kw, t_check if float32_logits else None)
+    q = _RowsOnDemand(draft, temps, kw, d_check if float32_logits else None)
 
     b = np.arange(B)
     x = np.clip(draft_tokens, 0, V - 1).astype(np.int64)
     draws = Streams(seed, offset, B, streams)
     u = acceptance_uniform(random_row_bits(*draws.of(b), 0, PURPOSE_ACCEPT, G))    # [B, G]
-    sampled = (err == 0) & ~greedy                 # the requests whose weights are read
     target_argmax = _greedy_argmax(target, greedy)
 
-    def accepts(reqs, i):
-        """Acceptance [len(reqs), len(i)] of the drafts at positions i by the requests reqs."""
-        tok = x[reqs[:, None], i]
-        ok = tok == target_argmax[reqs[:, None], i]
-        s = ~greedy[reqs]
-        r, at = reqs[s, None].repeat(len(i), 1), i[None, :].repeat(s.sum(), 0)
-        cols, ur = tok[s], u[r, at]
+    def accepts(r, at, cols):
+        """Acceptance [k] of drafts cols at positions at by sampling requests r (index arrays [k],
+        rows valid)."""
+        ur = u[r, at]
 
         def decide(p_lo, p_hi, q_lo, q_hi):
             """Acceptance at the bounds' worst end, and where it differs at their best (undecided)."""
@@ -505,11 +560,48 @@ def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed,
             p_lo[open_] = p_hi[open_] = p.at(r[open_], at[open_], cols[open_])
             q_lo[open_] = q_hi[open_] = q.at(r[open_], at[open_], cols[open_])
             ok_s = decide(p_lo, p_hi, q_lo, q_hi)[0]
-        ok[s] = ok_s
-        return ok
+        return ok_s
 
-    # Requests with an error emit nothing: they are not verified.
-    n = _first_rejection(accepts, L, err == 0, step=max(1, ROW_BLOCK // V))
+    def stops(reqs, i):
+        """Whether verification stops [len(reqs), len(i)] at positions i of requests reqs (positions
+        i < L): a draft id outside [0, V), data it reads there that is invalid (exact, greedy: the
+        position's rows, checked; sigmoid: the two token logits, NaN or +Inf), or a rejection."""
+        raw = draft_tokens[reqs[:, None], i]
+        stop = (raw < 0) | (raw >= V)
+        rr, ii = np.broadcast_arrays(reqs[:, None], i[None, :])
+        live = ~stop & (ii < L[rr])
+        k = np.flatnonzero(live)
+        r, at = rr.flat[k], ii.flat[k]
+        cols, g = x[r, at], greedy[r]
+        if sigmoid:
+            with np.errstate(invalid="ignore"):
+                bad = ~(target[r, at, cols] < np.inf) | ~(draft[r, at, cols] < np.inf)
+        else:
+            bad = t_check.bits(r, at) != 0
+            if (~g).any():
+                bad[~g] |= d_check.bits(r[~g], at[~g]) != 0
+        ok = np.zeros(k.size, bool)
+        gk = ~bad & g
+        ok[gk] = cols[gk] == target_argmax[r[gk], at[gk]]
+        sk = ~bad & ~g
+        if sk.any() and sigmoid:   # each weight a function of its entry alone: the two entries
+            w = lambda a: row_weights(a[r[sk], at[sk], cols[sk]][:, None, None], temps[r[sk]], **kw)[:, 0, 0]
+            px, qx = w(target), w(draft)
+            ok[sk] = (px > 0) & (u[r[sk], at[sk]] * qx <= px)
+        elif sk.any():
+            ok[sk] = accepts(r[sk], at[sk], cols[sk])
+        stop.flat[k] = ~ok
+        return stop
+
+    # Every request is verified (one with a request-level error at temperature 1 and L clamped), so
+    # that its row codes are those of the rows its decisions read, as on the GPU.
+    n = _first_rejection(lambda reqs, i: ~stops(reqs, i), L, np.ones(B, bool), step=max(1, ROW_BLOCK // V))
+    # The rows at n are read in full (the residual or the bonus row; greedy: its argmax): their codes.
+    err |= t_check.bits(b, n)
+    drafted = np.flatnonzero((n < L) & ~greedy)
+    if drafted.size:
+        err[drafted] |= d_check.bits(drafted, n[drafted])
+    sampled = (err == 0) & ~greedy                 # the requests whose weights are read
 
     # Bonus tokens of float32 softmax rows race on float32 keys where those decide (_softmax_race());
     # the other rows race on their float64 weights.

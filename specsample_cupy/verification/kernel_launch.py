@@ -30,7 +30,7 @@ MODE_MIN_P = 5      # logits truncated by min-p alone (row statistics fused into
 WARP_CLUSTER = 8    # warp_rows.cu's WR_CLUSTER: blocks per row, each holding a slice in shared memory
 WARP_THREADS = 256  # warp_rows.cu's WR_THREADS
 WARP_RECORD = 6     # warp_record.cuh's SS_RECORD: floats per row record
-CAND_INTS = 5       # verify.cu's SS_CAND: ints per P2 slice's race candidates
+CAND_INTS = 6       # verify.cu's SS_CAND: ints per P2 slice's race candidates
 MIN_P_LIST = 1024   # verify.cu's SS_LIST: candidates per warp of a min-p slice of several load groups
 THREADS = 256
 _DTYPE_TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -168,8 +168,8 @@ class _Plan:
         sweeps = -(-V // sweep)
         C1 = sweep * (opts.p1_sweeps or _p1_sweeps(V, B * R, sweep, capacity, opts))
         S1 = -(-V // C1)
-        if mode == MODE_WARPED:   # the statistics come from warp_rows.cu: no P1 items
-            S1 = 0
+        if mode in (MODE_WARPED, MODE_SIGMOID, MODE_SIGMOID_PAPER):
+            S1 = 0   # warped: the statistics come from warp_rows.cu; sigmoid: P2 reads what it needs
         # P2: when P1 leaves part of the grid free, split the emitted rows over just that part,
         # so no P2 item waits for a block.
         spare = capacity - B * R * S1
@@ -187,8 +187,9 @@ class _Plan:
         lag = max(1, math.ceil(opts.lag_waves * auto_grid / per_request)) if opts.lag_waves > 0 else 0
         if items + grid >= 2 ** 31:
             raise ValueError(f"verify: {items} work items and {grid} blocks exceed the kernel's 31-bit ticket counter")
-        # [req B | fin B | err B | ticket | min-p: row max keys B R | row counts B R], partials
-        counters, part = 3 * B + 1 + (2 * B * R if mode == MODE_MIN_P else 0), B * R * S1 * 3
+        # [req B | fin B | err B | ticket | row errors B R | min-p: row max keys B R | row counts B R],
+        # partials
+        counters, part = 3 * B + 1 + B * R + (2 * B * R if mode == MODE_MIN_P else 0), B * R * S1 * 3
         self.workspace = cupy.zeros(counters + part + B * S2 * CAND_INTS, dtype=cupy.int32)
         self.err_ptr = self.workspace.data.ptr + 4 * 2 * B      # the per-request error bits
         self.record = cupy.empty(B * R * WARP_RECORD, cupy.float32) if mode == MODE_WARPED else None
