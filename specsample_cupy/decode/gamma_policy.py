@@ -42,7 +42,8 @@ target-only call does to its end, when
     decoding accepts in runs: fewer may be a run of rejections that ends), accepts too little for
     any gamma to beat target steps at the measured costs;
   - its loss budget runs out, whatever the model says (acceptance near 0 with a cheap draft, a
-    cost the model misprices): its regret (seconds of its timed drafting rounds minus the step cost
+    cost the model misprices): its regret (seconds of its timed drafting rounds, a host's stall
+    capped at STALL x (gamma + 1) target steps, minus the step cost
     times the tokens the mean live request took in them; the slowest request's early rejections,
     which greedy decoding makes up later, would stop calls that pay), plus the likely loss of the
     rounds handed out and not read and of the next (cost(gamma) - step cost x E(gamma) at the live
@@ -97,6 +98,7 @@ VERDICT_TRIALS = 24    # drafts the slowest request must have tried before its p
 CREDIT_CAP = 6.0       # what earlier calls of a kind gained, carried to the next call: at most this many budgets
 FIRST_CREDIT = 1.0     # budgets of credit a kind's first call starts with: to find out whether drafting pays
 LOSS_BUDGET = 0.02     # of a call's target-only time: what its speculative rounds may lose to target steps
+STALL = 2.0            # a drafting round past this many times gamma + 1 target steps counts as that (_counted())
 HORIZON = 128          # tokens per request assumed when the loop does not say (begin())
 STEP_SAMPLES = 8       # target step times kept; their lower median is the step cost
 
@@ -276,11 +278,20 @@ class AutoGamma(FixedGamma):
                 self.measured = True
         if timed:   # only timed rounds count in the regret: measured, not modelled
             self.cost.observe(rnd.gamma if ran is None else ran, seconds)
-            self.spent += seconds
+            self.spent += self._counted(rnd.gamma if ran is None else ran, seconds)
             for b, (live, n) in enumerate(zip(active, rnd.taken.tolist())):
                 if live:
                     self.progress[b] += n
         self.choose()
+
+    def _counted(self, gamma: int, seconds: float) -> float:
+        """A drafting round's seconds as the regret counts them: at most STALL times gamma + 1 timed
+        target steps, what the round's runs would cost were the draft as dear as the target. A round
+        slower than that was stalled by its host (a CPU machine's scheduler: 4-16 ms on a 1 ms step),
+        which target steps would have met as well; the cost model still sees the round's full time."""
+        if not self.steps:
+            return seconds
+        return min(seconds, STALL * (gamma + 1) * self.step_cost())
 
     def _live(self, values: list) -> list:
         """values [B] of the live requests (all when none is live or nothing was observed)."""
