@@ -50,21 +50,36 @@ def _embed_scale(config: dict) -> float:
     return LOGIT_STD / float(np.sqrt(config["hidden_size"]))
 
 
-def _build(config: dict, out: Path, dtype: str, seed: int, attention: str = "onnx", **kw) -> None:
-    from specsample_cupy.convert import convert
+def write_pair_checkpoints(name: str, out: Path, *, dtype: str = "float16", seed: int = 0,
+                           draft_scale: float = 1.0) -> tuple[Path, Path]:
+    """(target, draft): the named pair's Hugging Face checkpoints, written under out (module docstring)."""
+    if name not in PAIRS:
+        raise KeyError(f"unknown pair {name!r}; known: {sorted(PAIRS)}")
+    target_shape, draft_shape = PAIRS[name]
+    t_config = REAL_SHAPES[target_shape]
+    target, draft = Path(out) / "target", Path(out) / "draft"
+    if draft_shape is None:
+        _write(t_config, target, dtype, seed, zero_layers_from=SELF_DRAFT_LAYERS)
+        _write({**t_config, "num_hidden_layers": SELF_DRAFT_LAYERS}, draft, dtype, seed, final_norm_scale=draft_scale)
+    else:
+        _write(t_config, target, dtype, seed)
+        _write({**REAL_SHAPES[draft_shape], "vocab_size": t_config["vocab_size"]}, draft, dtype, seed + 1,
+               final_norm_scale=draft_scale)
+    return target, draft
 
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        write_checkpoint(tmp, config, dtype=dtype, seed=seed, embed_scale=_embed_scale(config), **kw)
-        convert(tmp, out, dtype=dtype, overwrite=True, attention=attention)
+
+def _write(config: dict, out: Path, dtype: str, seed: int, **kw) -> None:
+    write_checkpoint(out, config, dtype=dtype, seed=seed, embed_scale=_embed_scale(config), **kw)
 
 
 def build_pair(name: str, out_root: Path | None = None, *, dtype: str = "float16", seed: int = 0,
                draft_scale: float = 1.0, attention: str = "onnx") -> tuple[Path, Path]:
     """(target_dir, draft_dir) of the named pair, built under out_root/name (name-gqa for the
     GroupQueryAttention layout) once and reused while its manifest (written last) matches."""
+    from specsample_cupy.convert import convert
+
     if name not in PAIRS:
         raise KeyError(f"unknown pair {name!r}; known: {sorted(PAIRS)}")
-    target_shape, draft_shape = PAIRS[name]
     out = Path(out_root or default_root()) / (name if attention == "onnx" else f"{name}-{attention}")
     manifest = {"format": FORMAT_VERSION, "pair": name, "dtype": dtype, "seed": seed, "draft_scale": draft_scale,
                 "attention": attention}
@@ -73,15 +88,11 @@ def build_pair(name: str, out_root: Path | None = None, *, dtype: str = "float16
         return target, draft
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    t_config = REAL_SHAPES[target_shape]
-    if draft_shape is None:
-        _build(t_config, target, dtype, seed, attention, zero_layers_from=SELF_DRAFT_LAYERS)
-        _build({**t_config, "num_hidden_layers": SELF_DRAFT_LAYERS}, draft, dtype, seed, attention,
-               final_norm_scale=draft_scale)
-    else:
-        _build(t_config, target, dtype, seed, attention)
-        _build({**REAL_SHAPES[draft_shape], "vocab_size": t_config["vocab_size"]}, draft, dtype, seed + 1, attention,
-               final_norm_scale=draft_scale)
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
+        for hf, dst in zip(write_pair_checkpoints(name, Path(tmp), dtype=dtype, seed=seed, draft_scale=draft_scale),
+                           (target, draft)):
+            convert(hf, dst, dtype=dtype, overwrite=True, attention=attention)
+            shutil.rmtree(hf)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return target, draft
 

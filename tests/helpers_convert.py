@@ -1,6 +1,4 @@
-"""Tiny Hugging Face checkpoints of each converted architecture, running a converted graph once, and
-ONNX Runtime GenAI's genai_config.json for a converted folder."""
-import json
+"""Tiny Hugging Face checkpoints of each converted architecture, and running a converted graph once."""
 
 import numpy as np
 
@@ -34,18 +32,3 @@ def run_graph(session, ids, mask, positions, past=None, kv=None, dtype=np.float3
     outs = session.run(None, feeds)
     names = [o.name for o in session.get_outputs()]
     return outs[0], dict(zip(names[1:], outs[1:]))
-
-
-def write_genai_config(folder, filename: str, share_buffer: bool, **decoder_changes):
-    """Replace folder's config.json by the genai_config.json ONNX Runtime GenAI's builder writes for it
-    (decoder file `filename`; decoder_changes override the decoder's declared shapes)."""
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").unlink()
-    decoder = {"filename": filename, "head_size": config["hidden_size"] // config["num_attention_heads"],
-               "hidden_size": config["hidden_size"], "num_attention_heads": config["num_attention_heads"],
-               "num_key_value_heads": config["num_key_value_heads"],
-               "num_hidden_layers": config["num_hidden_layers"], **decoder_changes}
-    genai = {"model": {"vocab_size": config["vocab_size"], "context_length": config["max_position_embeddings"],
-                       "bos_token_id": 0, "eos_token_id": [0], "pad_token_id": 0, "decoder": decoder},
-             "search": {"past_present_share_buffer": share_buffer}}
-    (folder / "genai_config.json").write_text(json.dumps(genai))

@@ -2,38 +2,18 @@
 mask's shape, genai_config.json, no config.json), built here from converted graphs with the onnx
 helpers: rewritten for fixed bindings (builder_graph.py) they compute what the converted layout does,
 and on CUDA they decode on the device loop with CUDA graphs, one prompt per call."""
-import shutil
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
-from helpers_convert import TINY, write_genai_config
+from helpers_convert import TINY
 from helpers_decode_gpu import GPU_DECODE
+from models.tool_layouts import builder_folder
 from specsample_cupy.runtime.builder_graph import TOTAL, for_fixed_bindings, rewrite
 from test_convert_decode import PROMPTS, converted_self_pair
 from test_convert_gqa import _Buffers
-
-
-def builder_folder(converted, dst):
-    """A converted GroupQueryAttention folder as the builder writes it: total_sequence_length from
-    Shape(attention_mask)[1] in the graph, genai_config.json in place of config.json."""
-    shutil.copytree(converted, dst)
-    model = onnx.load(str(dst / "model.onnx"))
-    graph = model.graph
-    graph.input.remove(next(i for i in graph.input if i.name == TOTAL))
-    graph.initializer.append(numpy_helper.from_array(np.array(1, np.int64), "one_index"))
-    graph.node.insert(0, helper.make_node("Shape", ["attention_mask"], ["mask_shape"]))
-    graph.node.insert(1, helper.make_node("Gather", ["mask_shape", "one_index"], ["total_i64"], axis=0))
-    graph.node.insert(2, helper.make_node("Cast", ["total_i64"], ["total_seq_len"], to=TensorProto.INT32))
-    for node in graph.node:
-        if node.op_type == "GroupQueryAttention":
-            node.input[6] = "total_seq_len"
-    onnx.save_model(model, str(dst / "model.onnx"))
-    write_genai_config(dst, "model.onnx", True)
-    return dst
 
 
 @pytest.fixture(scope="module")

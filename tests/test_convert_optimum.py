@@ -3,60 +3,24 @@ came from: Linear weights found through the nodes that read them (transposed Mat
 opaque names, Gemm with transB), embeddings, norms and biases by parameter name, external data. The
 exports are written here with the onnx helpers from tiny checkpoints; the converted graphs are checked
 against the NumPy forward of the original checkpoint."""
-import shutil
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from helpers_convert import TINY, run_graph
+from models import tool_layouts
 from models.hf_checkpoint import write_checkpoint
 from specsample_cupy.convert import ConversionError, convert
 from specsample_cupy.convert.checkpoint import Checkpoint
 from specsample_cupy.convert.families import llama_shape
 from specsample_cupy.convert.numpy_forward import llama_logits
 
-LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
-
-
-def optimum_export(hf, dst, *, external=False, drop=None):
-    """hf's tensors as torch.onnx writes them into an export: each Linear weight an initializer named
-    onnx::MatMul_<n>, stored [in, out], read by a node named after its module (one layer's down_proj as
-    a Gemm with transB over [out, in], one o_proj under a doubled "model/" prefix); every other tensor
-    under its parameter name. `drop`: a weight left out."""
-    ckpt = Checkpoint(hf)
-    dst.mkdir(parents=True)
-    nodes, inits, inputs, outputs = [], [], [], []
-    for n, name in enumerate(sorted(ckpt.names())):
-        value = np.asarray(ckpt.get(name), np.float32)
-        module = name[:-len(".weight")] if name.endswith(".weight") else None
-        if name == drop:
-            continue
-        if module is None or module.split(".")[-1] not in LINEAR:
-            inits.append(numpy_helper.from_array(value, name))
-            continue
-        path = "/" + module.replace(".", "/")
-        x, y = f"x{n}", f"y{n}"
-        inputs.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, value.shape[1]]))
-        outputs.append(helper.make_tensor_value_info(y, TensorProto.FLOAT, None))
-        if module == "model.layers.0.mlp.down_proj":
-            inits.append(numpy_helper.from_array(value, f"onnx::Gemm_{n}"))
-            nodes.append(helper.make_node("Gemm", [x, f"onnx::Gemm_{n}"], [y], name=path + "/Gemm", transB=1))
-            continue
-        if module == "model.layers.1.self_attn.o_proj":
-            path = "/model" + path
-        inits.append(numpy_helper.from_array(np.ascontiguousarray(value.T), f"onnx::MatMul_{n}"))
-        nodes.append(helper.make_node("MatMul", [x, f"onnx::MatMul_{n}"], [y], name=path + "/MatMul"))
-    graph = helper.make_graph(nodes, "main_graph", inputs, outputs, initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.save_model(model, str(dst / "model.onnx"), save_as_external_data=external,
-                    location="model.onnx_data", size_threshold=0)
-    for side in ("config.json", "tokenizer.json", "generation_config.json"):
-        if (hf / side).exists():
-            shutil.copyfile(hf / side, dst / side)
-    return dst
+def optimum_export(hf, dst, **kw):
+    """models.tool_layouts.optimum_export with both node forms real exports mix: layer 0's down_proj as
+    a Gemm with transB, layer 1's o_proj under a doubled "/model/model" path."""
+    return tool_layouts.optimum_export(hf, dst, gemm=("model.layers.0.mlp.down_proj",),
+                                       doubled_prefix=("model.layers.1.self_attn.o_proj",), **kw)
 
 
 @pytest.mark.parametrize("name,external", [("qwen2-tied", False), ("llama2-bias", True), ("mistral", False)])

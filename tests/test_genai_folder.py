@@ -4,7 +4,8 @@ import shutil
 
 import pytest
 
-from helpers_convert import TINY, write_genai_config
+from helpers_convert import TINY
+from models.tool_layouts import write_genai_config
 from models.hf_checkpoint import write_checkpoint
 from specsample_cupy.convert import convert
 

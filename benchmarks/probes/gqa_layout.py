@@ -24,6 +24,13 @@ def _sibling(name):
 
 def gqa_times(model_dir: Path, batch: int, capacity: int, steps: int, reps: int, timer) -> float:
     """Median device ms of one replayed run: rows holding capacity/2 tokens, S new ones each."""
+    run, stream = gqa_runner(model_dir, batch, capacity, steps)
+    return timer(run, stream, reps)
+
+
+def gqa_runner(model_dir: Path, batch: int, capacity: int, steps: int):
+    """(run, stream): run() replays one run of S new columns per row over rows holding capacity/2
+    tokens, on `stream` (the first calls capture the graph)."""
     import cupy
 
     from specsample_cupy.runtime.ort_session import _inference_session, run_options
@@ -50,7 +57,12 @@ def gqa_times(model_dir: Path, batch: int, capacity: int, steps: int, reps: int,
         bind(binding.bind_output, past.replace("past_key_values", "present"), cache)
     bind(binding.bind_output, "logits", logits)
     options = run_options("cuda", 1)
-    return timer(lambda: session.run_with_iobinding(binding, options), stream, reps)
+    keep = (ids, mask, logits, caches)   # the bound buffers live as long as run
+
+    def run(_keep=keep):
+        session.run_with_iobinding(binding, options)
+
+    return run, stream
 
 
 def main():

@@ -1,0 +1,139 @@
+"""Models as users have them, through the device loop on CUDA: one real-shape self-drafting pair
+(models/build_real_pair.py, random weights, float16) in four folder formats, decoded target-only and
+greedy speculative at equal work (bench decode's run_bench: 128 tokens per request, EOS ignored, seeds
+0..N-1), each format's time per token beside the converted format's from the same run.
+
+    format         folder                                                    how it loads
+    converted      specsample convert (ONNX Attention over a masked cache)   as it is
+    converted-gqa  specsample convert --attention gqa                        as it is (one prompt per call)
+    builder        converted-gqa laid out as ONNX Runtime GenAI's builder     rewritten once for fixed bindings
+                   writes it (models/tool_layouts.builder_folder)             (one prompt per call)
+    optimum        the checkpoint's weights as optimum exports them           converted once into the cache
+                   (models/tool_layouts.optimum_export, external data)
+
+The builder folder is the project's GroupQueryAttention graph with the builder's conventions (total
+length from the mask's shape, genai_config.json, no config.json), not the builder's own output; the
+optimum folder holds the export's weights as torch.onnx names them. Both measure the loading paths
+(what a user's folder runs as), and the first load's time, which includes the rewrite or conversion.
+
+    python benchmarks/formats.py --work DIR [--pair real-1.5b-self] [--batches 1,4] [--seeds 5] [--json F]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ONE_PROMPT = ("converted-gqa", "builder")   # ONNX Runtime's GroupQueryAttention: S > 1 over a past at B = 1 only
+
+
+def build_formats(work: Path, pair: str, seed: int = 0) -> dict[str, tuple[Path, Path]]:
+    """{format: (target, draft)} under work, each built once (a folder is complete once it exists)."""
+    import numpy as np
+
+    from models import build_real_pair, tool_layouts
+    from specsample_cupy.convert import convert
+
+    hf = work / "hf"
+    if not (hf / "draft" / "config.json").exists():
+        shutil.rmtree(hf, ignore_errors=True)
+        build_real_pair.write_pair_checkpoints(pair, hf, dtype="float16", seed=seed)
+    made = {}
+    for fmt, make in (
+            ("converted", lambda src, dst, role: convert(src, dst, attention="onnx")),
+            ("converted-gqa", lambda src, dst, role: convert(src, dst, attention="gqa")),
+            ("builder", lambda src, dst, role: tool_layouts.builder_folder(work / "converted-gqa" / role, dst)),
+            ("optimum", lambda src, dst, role: tool_layouts.optimum_export(src, dst, dtype=np.float16,
+                                                                           external=True))):
+        for role in ("target", "draft"):
+            dst = work / fmt / role
+            if not dst.exists():
+                tmp = dst.with_name(role + ".partial")
+                shutil.rmtree(tmp, ignore_errors=True)
+                make(hf / role, tmp, role)
+                tmp.rename(dst)
+        made[fmt] = (work / fmt / "target", work / fmt / "draft")
+    return made
+
+
+def bench_format(target: Path, draft: Path, batches, seeds: int, max_new_tokens: int, gammas) -> dict:
+    import cupy
+
+    from specsample_cupy.bench.decode import DEFAULT_PROMPTS, prompt_set, prompts_for, run_bench
+    from specsample_cupy.cli.decode import load_decoder
+
+    start = time.perf_counter()
+    decoder = load_decoder(target, draft, "cuda")
+    report = {"first_load_s": time.perf_counter() - start, "cuda_graphs": decoder.cuda_graphs, "runs": []}
+    prompts = prompt_set(batches, DEFAULT_PROMPTS)
+    for batch in batches:
+        rows = run_bench(decoder, lambda seed, batch=batch: prompts_for(prompts, batch, seed), methods=["greedy"],
+                         gammas=gammas, temperature=1.0, seeds=list(range(seeds)), max_new_tokens=max_new_tokens)
+        report["runs"].append({"batch": batch, "rows": rows})
+    del decoder
+    gc.collect()
+    cupy.get_default_memory_pool().free_all_blocks()
+    return report
+
+
+def table(report: dict) -> str:
+    """ms per token (median [min-max] over seeds) and the ratio to the converted format's median."""
+    base = {(run["batch"], r["method"], r["gamma"]): r["ms_per_token"]["median"]
+            for run in report["formats"]["converted"]["runs"] for r in run["rows"]}
+    lines = [f"{'format':14} {'B':>2} {'config':>10} {'ms/token':>22} {'x converted':>11} {'efficiency':>10} loop"]
+    for fmt, result in report["formats"].items():
+        for run in result["runs"]:
+            for r in run["rows"]:
+                config = "target" if r["method"] == "target" else f"greedy γ{r['gamma']}"
+                ms = r["ms_per_token"]
+                ratio = ms["median"] / base[(run["batch"], r["method"], r["gamma"])]
+                eff = "" if r["method"] == "target" else f"{r['efficiency']['median']:.3f}"
+                lines.append(f"{fmt:14} {run['batch']:>2} {config:>10} "
+                             f"{ms['median']:8.3f} [{ms['min']:.3f}-{ms['max']:.3f}] {ratio:11.3f} {eff:>10} {r['loop']}")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--pair", default="real-1.5b-self")
+    parser.add_argument("--batches", default="1,4")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--gammas", default="4,auto")
+    parser.add_argument("--formats", default="converted,converted-gqa,builder,optimum")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    import cupy
+
+    from specsample_cupy.bench import result_json
+
+    batches = [int(b) for b in args.batches.split(",")]
+    gammas = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
+    folders = build_formats(args.work, args.pair)
+    report = {"pair": args.pair, "max_new_tokens": args.max_new_tokens, "seeds": args.seeds,
+              "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "formats": {},
+              "command": "python benchmarks/formats.py " + " ".join(sys.argv[1:])}
+    for fmt in args.formats.split(","):
+        fmt_batches = [b for b in batches if b == 1 or fmt not in ONE_PROMPT]
+        report["formats"][fmt] = bench_format(*folders[fmt], fmt_batches, args.seeds, args.max_new_tokens, gammas)
+        print(fmt, {k: v for k, v in report["formats"][fmt].items() if k != "runs"}, flush=True)
+    print(table(report))
+    if args.json:
+        for result in report["formats"].values():   # per-seed runs: the medians and ranges are kept
+            for run in result["runs"]:
+                for r in run["rows"]:
+                    r.pop("runs", None)
+        result_json.write(args.json, report)
+        print(json.dumps({"wrote": args.json}))
+
+
+if __name__ == "__main__":
+    main()
