@@ -58,7 +58,7 @@ import numpy as np
 
 from specsample_cupy.decode.device_cost import DeviceCost, calibrate_model_costs
 from specsample_cupy.decode.gamma_policy import expected_accepted
-from specsample_cupy.decode.ngram import propose_ngram_device
+from specsample_cupy.decode.device_proposers import device_proposer
 from specsample_cupy.decode.round_buffers import EVENTS, PITCH_ROUND, round_buffers
 from specsample_cupy.decode.stats import Round
 from specsample_cupy.runtime import errors, kernel_runtime
@@ -105,6 +105,7 @@ class DeviceRounds:
         self.dec, self.req, self.clock, self.policy = decoder, req, clock, policy
         self.target, self.draft = decoder.target, decoder.draft
         self.tc, self.dc = target_cache, draft_cache
+        self.proposer = device_proposer(decoder)   # what drafts each speculative round (device_proposers.py)
         self.method, self.temperature, self.seed = method, temperature, seed
         self.cap = policy.cap
         self.per_round = self.cap + 1
@@ -224,33 +225,13 @@ class DeviceRounds:
         base = r * self.per_round
         target_step = buf.target_step(self.target, gamma + 1)
         draft_tokens = buf.draft_tokens[:B * gamma].reshape(B, gamma)
-        if self.draft is None:   # prompt lookup: proposals from the device's sequences, then the target's feed
-            dev = buf.dev
-            propose_ngram_device(dev["seq"].reshape(B, buf.P), dev["seq_len"], dev["finished"], dev["limit"],
-                                 dev["eos"], draft_tokens, buf.draft_len, gamma=gamma, ngram_min=self.dec.ngram[0],
-                                 ngram_max=self.dec.ngram[1], limit_is_end=True)
-            buf.ngram_feed_launch(stream, B, THREADS, G=gamma, feed=target_step.feed.data.ptr)
-        for i in range(gamma if self.draft is not None else 0):
-            launch = buf.step_launches[i]
-            step = buf.draft_steps[min(i, 1)]
-            L = self.dc.length
-            self.draft.replay(step)
-            self.dc.length += step.steps
-            if buf.truncation is not None:   # drafts come from the truncated draft distribution
-                buf.row_warps(stream, step.logits.data.ptr, step.steps, self.temperature, buf.truncation)
-            last = i == gamma - 1
-            buf.set_commit(launch.commit, step.steps, L)
-            launch(stream, offset=(base + i) & 0xFFFFFFFF, L_run=L, G=gamma, next_is_target=int(last),
-                   next_feed=(target_step if last else buf.draft_steps[1]).feed.data.ptr)
+        draft_logits = self.proposer.enqueue(self, base, gamma, target_step, draft_tokens)
         L = self.tc.length
         self.target.replay(target_step)
         self.tc.length += gamma + 1
         # When the target run is timed, its end event also starts verify()'s span (one event fewer).
         timed = self.dec.time_model_runs
         target_end = self.clock.last_end("model") if timed and self.target.run_span is not None else None
-        vocab = buf.V
-        # Prompt lookup's drafts are one-hot (verify() reads no draft rows).
-        draft_logits = buf.draft_logits[:B * gamma * vocab].reshape(B, gamma, vocab) if self.draft is not None else None
         with self.clock.span("verify", start=target_end) if timed else contextlib.nullcontext():
             res = verify(draft_tokens, draft_logits, target_step.logits, method=self.method,
                          temperature=self.temperature, **self._verify_draws(base + self.cap),

@@ -12,8 +12,9 @@ target step), lengths [B] int64 on the host (request b's drafts: tokens[b, :leng
 draft_logits=None). `sample(logits, i)` draws position i's tokens from a draft model's logits [B, V]
 with the round's temperature, truncation and random numbers (the loop owns those).
 
-The host loop (host_loop.HostRounds) uses these; the device loop (device_loop.DeviceRounds) proposes on
-the GPU with the same rules (ngram.propose_ngram_device, the draft's captured graphs).
+The host loop (host_loop.HostRounds) uses these; the device loop (device_loop.DeviceRounds) has the same
+two kinds with the same rules, enqueued on the GPU (device_proposers.py: the draft's captured graphs,
+ngram.propose_ngram_device). A new proposer is a class in each.
 """
 from __future__ import annotations
 
