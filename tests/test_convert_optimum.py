@@ -46,7 +46,7 @@ def test_a_missing_weight_is_named(tmp_path):
 
 
 def test_first_load_converts_once_into_the_cache(tmp_path, capsys):
-    """What the decoder does on CUDA for an export it cannot capture (decoder._open_converted): the cached
+    """What the decoder does on CUDA for an export it cannot capture (decoder_device._open_converted): the cached
     copy decodes as the checkpoint converted directly does, and is written once."""
     from specsample_cupy.convert.cache import converted_copy, convertible
     from specsample_cupy.decode.decoder import SpeculativeDecoder

@@ -307,6 +307,7 @@ def test_a_round_is_counted_once_in_the_cache_capacity(decoder):
     """The sequences' width already leaves a round beyond the budget: a larger gamma cap widens the
     caches by its extra drafts once (not twice), and the room beyond the width covers the slack and
     the device loop's two rounds in flight."""
+    from specsample_cupy.decode.call_loops import new_caches
     class Recording:
         has_position_ids = True
 
@@ -316,6 +317,6 @@ def test_a_round_is_counted_once_in_the_cache_capacity(decoder):
     capacity = {}
     for cap in (5, 12, 30):
         req = decoder._requests(PROMPTS, 40, cap, True)
-        capacity[cap] = decoder._new_caches(req, [Recording()], cap)[0]
+        capacity[cap] = new_caches(decoder, req, [Recording()], cap)[0]
         assert capacity[cap] - req.seq.shape[1] == max(decoder.kv_slack, 2 * (cap + 1))
     assert capacity[12] - capacity[5] == 12 - 5

@@ -31,6 +31,7 @@ from numbers import Integral
 import numpy as np
 
 from specsample_cupy.decode.call_args import resolve_temperature
+from specsample_cupy.decode.call_loops import new_caches, why_not_device_loop
 from specsample_cupy.decode.detokenize import TextAssembler
 from specsample_cupy.decode.device_loop import DeviceRounds
 from specsample_cupy.decode.gamma_policy import FixedGamma
@@ -208,12 +209,12 @@ class _Run:
         # In-place prefills append a newcomer's prompt to every row's columns.
         columns = longest + self.gamma + 2 + min(dec.prefill_chunk, max(map(len, self.prompt_ids)))
         with dec._on_stream():
-            self.caches = dec._new_caches(self.req, self.sessions, self.gamma, columns=columns)
+            self.caches = new_caches(dec, self.req, self.sessions, self.gamma, columns=columns)
             dec._prefill(list(zip(self.sessions, self.caches)), self.req)
         self.temps = np.array([self.requests[i].temperature for i in first], np.float32)
         self.streams = RequestStreams(as_int64([self.requests[i].seed for i in first]))
         caches = (self.caches[0], self.caches[1] if len(self.caches) > 1 else None)
-        on_device = dec._why_not_device_loop(self.gamma > 0, self.gamma) is None
+        on_device = why_not_device_loop(dec, self.gamma > 0, self.gamma) is None
         self.counts["loop"] = "device" if on_device else "host"
         if on_device:
             self.loop = DeviceRounds(dec, self.req, *caches, policy=FixedGamma(self.gamma), method=self.method,

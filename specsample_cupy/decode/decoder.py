@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from specsample_cupy.decode import device_loop as decode_device, stats as decode_stats
+from specsample_cupy.decode import stats as decode_stats
+from specsample_cupy.decode.call_loops import call_rounds, new_caches
 from specsample_cupy.decode.call_args import METHODS  # noqa: F401  (decoder.METHODS, where it always was)
 from specsample_cupy.decode.call_args import check_call, check_truncation, resolve_temperature, token_id_prompts
-from specsample_cupy.decode.decoder_device import graph_refusals as _graph_refusals, pick_device as _pick_device
+from specsample_cupy.decode.decoder_device import open_session, pick_device as _pick_device
 from specsample_cupy.decode.detokenize import TextAssembler
 from specsample_cupy.decode.gamma_policy import REPROBE, make_policy
-from specsample_cupy.decode.host_loop import HostRounds, RequestStreams
 from specsample_cupy.decode.ngram import NGRAM, check_ngram_range
 from specsample_cupy.decode.request_state import Requests
 from specsample_cupy.decode.stats import Clock, Totals, timed_runs
@@ -31,9 +31,7 @@ from specsample_cupy.decode.stop_strings import StopStrings, check_stop_strings
 from specsample_cupy.runtime.model_folder import ModelSpec, check_pair
 from specsample_cupy.runtime.ort_session import array_module
 from specsample_cupy.runtime.pinned import PinnedRing
-from specsample_cupy.runtime.sessions import DecoderSession
-from specsample_cupy.runtime.sessions_static import StaticDecoderSession
-from specsample_cupy.verification.seeds import as_int64, random_base_seed, resolve_seeds
+from specsample_cupy.verification.seeds import random_base_seed, resolve_seeds
 
 # upload()'s slots: one is reused only after its copy ran (a few rounds later: at once).
 UPLOAD_SLOTS = 8
@@ -116,8 +114,8 @@ class SpeculativeDecoder:
             self.draft_spec = ModelSpec.from_dir(draft if draft is not None else default_model_dir("draft"))
             check_pair(self.target_spec, self.draft_spec)
         self._use_device(device, device_id)
-        self.target = self._open(self.target_spec, "target", device_id, cuda_graphs)
-        self.draft = None if self.ngram else self._open(self.draft_spec, "draft", device_id, cuda_graphs)
+        self.target = open_session(self, self.target_spec, "target", device_id, cuda_graphs)
+        self.draft = None if self.ngram else open_session(self, self.draft_spec, "draft", device_id, cuda_graphs)
         self.tokenizer = self.target_spec.tokenizer
         specs = (self.target_spec,) if self.ngram else (self.target_spec, self.draft_spec)
         contexts = [s.context_length for s in specs if s.context_length]
@@ -135,45 +133,6 @@ class SpeculativeDecoder:
         if self.stream is None:
             return host
         return self.uploads.upload(host, self.stream)
-
-    def _open(self, spec, role, device_id, cuda_graphs):
-        """A StaticDecoderSession (fixed bindings, CUDA-graph replay) where the device and the model allow
-        it; the same bindings without graphs for a model ONNX Runtime will not capture (nodes on the
-        CPU); else a DecoderSession. self.cuda_graphs[role] says whether runs are captured, or why not."""
-        if self.device == "cuda" and cuda_graphs:
-            try:
-                session = StaticDecoderSession(spec, self.device, self.stream, device_id)
-                self.cuda_graphs[role] = True
-                return session
-            except _graph_refusals() as e:   # e.g. ONNX Runtime cannot capture a graph with CPU nodes
-                self.cuda_graphs[role] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                converted = self._open_converted(spec, role, device_id)
-                if converted is not None:
-                    return converted
-                if not isinstance(e, ValueError):   # the model itself suits fixed bindings
-                    try:
-                        return StaticDecoderSession(spec, self.device, self.stream, device_id, capture=False)
-                    except _graph_refusals():
-                        pass
-        else:
-            self.cuda_graphs[role] = "off" if self.device == "cuda" else "cpu"
-        return DecoderSession(spec, self.device, self.stream, device_id, cpu_threads=self.cpu_threads)
-
-    def _open_converted(self, spec, role, device_id):
-        """For an ONNX export the converter reads (optimum's, of a Llama-family model) whose own graph
-        cannot be captured: a StaticDecoderSession on its conversion, made once into a cache folder
-        (convert/cache.py); None when it is not such an export or its conversion fails to load too."""
-        from specsample_cupy.convert.cache import converted_copy, convertible
-        if not convertible(spec.model_dir):
-            return None
-        try:
-            session = StaticDecoderSession(ModelSpec.from_dir(converted_copy(spec.model_dir)), self.device,
-                                           self.stream, device_id)
-        except _graph_refusals() as e:   # ConversionError is a ValueError
-            self.cuda_graphs[role] += f"; its conversion: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-            return None
-        self.cuda_graphs[role] = True
-        return session
 
     def encode_prompts(self, prompts) -> list[list[int]]:
         """Token ids per prompt. An empty prompt starts from the model's BOS token, or is refused
@@ -311,15 +270,15 @@ class SpeculativeDecoder:
             sessions = (self.target, self.draft) if speculative and self.draft is not None else (self.target,)
             clock = Clock(self.stream, self._events)
             with self._on_stream():
-                caches = self._new_caches(req, sessions, policy.cap)
+                caches = new_caches(self, req, sessions, policy.cap)
                 # Prefill: every prompt but its last token, through every model of the call.
                 with timed_runs(sessions, clock, "prefill"):
                     self._prefill(list(zip(sessions, caches)), req)
                 # Rounds, until every request has finished.
-                rounds, why_not_device = self._rounds(req, caches, policy, method, temperature, base_seed,
-                                                      request_seeds, clock,
-                                                      (memory or {}).get("state") if speculative else None,
-                                                      truncation, logprobs)
+                rounds, why_not_device = call_rounds(self, req, caches, policy, method, temperature, base_seed,
+                                                     request_seeds, clock,
+                                                     (memory or {}).get("state") if speculative else None,
+                                                     truncation, logprobs)
                 assembler = TextAssembler(self.tokenizer, req.batch, incremental=why_not_device is None)
                 stopper = StopStrings(stops, self.tokenizer, req.batch) if stops else None
                 totals = Totals()
@@ -414,69 +373,6 @@ class SpeculativeDecoder:
         eos = () if ignore_eos else self.target_spec.eos_token_ids
         return Requests(prompt_ids, budgets, self.target_spec.pad_token_id, eos, extra=gamma_cap + 2,
                         max_new_tokens=max_new_tokens)
-
-    def _new_caches(self, req, sessions, gamma_cap, columns: int | None = None):
-        """One cache per session, of one capacity: every token a request may hold (columns; default
-        the width of req's sequences, which already leave a round's gamma_cap + 2 columns beyond the
-        budget) and room beyond them: the slack of rolled-back columns tolerated before a compaction,
-        and at least the two rounds of gamma_cap + 1 columns the device loop may have in flight
-        (decode_device's compaction keeps that room). Counting a round once, not twice, keeps an
-        automatic gamma's cache (gamma_cap 12) the size of a fixed gamma's after rounding
-        (sessions_static.CAPACITY_ROUND): a static cache's every run attends over its whole capacity.
-        Without a position_ids input a model numbers tokens by cache column, so its cache may hold no
-        holes: one request per call and compaction after every rollback."""
-        implicit_positions = not all(getattr(s, "has_position_ids", True) for s in sessions)
-        if implicit_positions and req.batch > 1:
-            raise ValueError("a model of the pair has no position_ids input, so it cannot decode a batch with "
-                             "padding and ragged acceptance exactly; pass one prompt per call")
-        kv_slack = 0 if implicit_positions else self.kv_slack
-        capacity = (req.seq.shape[1] if columns is None else columns) + max(kv_slack, 2 * (gamma_cap + 1))
-        return [s.new_cache(req.batch, capacity, kv_slack) for s in sessions]
-
-    def _rounds(self, req, caches, policy, method, temperature, seed, request_seeds, clock, auto_state=None,
-                truncation=None, logprobs=False):
-        """The loop that runs this call's rounds, and None or why it is not the device loop.
-        request_seeds: each request's seed, keying its own random stream (decode_host.RequestStreams;
-        every request joins at round 0), or None: the call's seed, each request drawing by its row
-        (method "baseline", whose numbers come from one generator). auto_state: what earlier calls of
-        this kind measured, for an automatic gamma policy."""
-        target_cache, draft_cache = caches[0], (caches[1] if len(caches) > 1 else None)
-        speculative = policy.cap > 0
-        why_not = self._why_not_device_loop(speculative, policy.cap)
-        if why_not is not None and any(getattr(s, "shared_buffer", False) for s in (self.target, self.draft) if s):
-            raise ValueError(f"the GroupQueryAttention layout (convert --attention gqa) decodes on the device loop "
-                             f"only, which this call cannot use: {why_not}")
-        temperature = 0.0 if method == "greedy" else float(temperature)
-        method = method if speculative else "target"
-        streams = None if request_seeds is None else RequestStreams(as_int64(request_seeds))
-        if why_not is None:
-            if getattr(policy, "cost", None) is not None:
-                policy.cost = decode_device.DeviceCost(None)   # calibrated by DeviceRounds, which then chooses
-                if auto_state is not None:
-                    policy.load(auto_state)
-            warps = None
-            if truncation:   # built once for the call, on the decoder's stream
-                import cupy
-                from specsample_cupy.verification.truncation import build_warps
-                with self._on_stream():
-                    warps = build_warps(cupy, req.batch, self.target.vocab_size, temperature, **truncation)
-            return decode_device.DeviceRounds(self, req, target_cache, draft_cache, policy=policy, method=method,
-                                              temperature=temperature, seed=seed, clock=clock, warps=warps,
-                                              logprobs=logprobs, streams=streams), None
-        if auto_state is not None:
-            policy.load(auto_state)
-            policy.choose()
-        return HostRounds(self, req, target_cache, draft_cache, policy=policy, method=method,
-                          temperature=temperature, seed=seed, clock=clock, truncation=truncation,
-                          logprobs=logprobs, streams=streams), why_not
-
-    def _why_not_device_loop(self, speculative: bool, gamma_cap: int) -> str | None:
-        """None when this call runs the device loop (decode_device), else why it does not."""
-        if self.device != "cuda":
-            return "cpu"
-        if not self.device_rounds:
-            return "off"
-        return decode_device.supported(self.target, self.draft if speculative else None, gamma_cap)
 
     def _deliver(self, rnd, req, assembler, on_tokens):
         """Hand a round's new tokens to the text assembler and the caller's callback; finish the texts

@@ -1,12 +1,15 @@
-"""Where a SpeculativeDecoder runs: the device it picks, and what a model that cannot run with fixed
-bindings raises."""
+"""Where a SpeculativeDecoder runs: the device it picks, the session it opens for each model, and what
+a model that cannot run with fixed bindings raises."""
 from __future__ import annotations
 
 import os
 import sys
 import warnings
 
+from specsample_cupy.runtime.model_folder import ModelSpec
 from specsample_cupy.runtime.ort_session import cuda_available
+from specsample_cupy.runtime.sessions import DecoderSession
+from specsample_cupy.runtime.sessions_static import StaticDecoderSession
 
 
 def caller_stacklevel() -> int:
@@ -39,3 +42,43 @@ def graph_refusals() -> tuple:
     ValueError (no position_ids, a use_cache_branch input) and ONNX Runtime's refusal to capture."""
     from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
     return (ValueError, ort_errors.Fail, ort_errors.RuntimeException, ort_errors.NotImplemented, ort_errors.EPFail)
+
+
+def open_session(dec, spec, role, device_id, cuda_graphs):
+    """Decoder dec's session for one model: a StaticDecoderSession (fixed bindings, CUDA-graph replay) where the device and the model allow
+    it; the same bindings without graphs for a model ONNX Runtime will not capture (nodes on the
+    CPU); else a DecoderSession. dec.cuda_graphs[role] says whether runs are captured, or why not."""
+    if dec.device == "cuda" and cuda_graphs:
+        try:
+            session = StaticDecoderSession(spec, dec.device, dec.stream, device_id)
+            dec.cuda_graphs[role] = True
+            return session
+        except graph_refusals() as e:   # e.g. ONNX Runtime cannot capture a graph with CPU nodes
+            dec.cuda_graphs[role] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            converted = _open_converted(dec, spec, role, device_id)
+            if converted is not None:
+                return converted
+            if not isinstance(e, ValueError):   # the model itself suits fixed bindings
+                try:
+                    return StaticDecoderSession(spec, dec.device, dec.stream, device_id, capture=False)
+                except graph_refusals():
+                    pass
+    else:
+        dec.cuda_graphs[role] = "off" if dec.device == "cuda" else "cpu"
+    return DecoderSession(spec, dec.device, dec.stream, device_id, cpu_threads=dec.cpu_threads)
+
+def _open_converted(dec, spec, role, device_id):
+    """For an ONNX export the converter reads (optimum's, of a Llama-family model) whose own graph
+    cannot be captured: a StaticDecoderSession on its conversion, made once into a cache folder
+    (convert/cache.py); None when it is not such an export or its conversion fails to load too."""
+    from specsample_cupy.convert.cache import converted_copy, convertible
+    if not convertible(spec.model_dir):
+        return None
+    try:
+        session = StaticDecoderSession(ModelSpec.from_dir(converted_copy(spec.model_dir)), dec.device,
+                                       dec.stream, device_id)
+    except graph_refusals() as e:   # ConversionError is a ValueError
+        dec.cuda_graphs[role] += f"; its conversion: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        return None
+    dec.cuda_graphs[role] = True
+    return session
