@@ -1,10 +1,11 @@
 """verify(): the verification step of speculative sampling, on CuPy (GPU kernels) or NumPy (CPU reference)."""
-from numbers import Integral
-
 import numpy as np
 
-from specsample_cupy.runtime import errors
 from specsample_cupy.runtime.philox import PURPOSE_RESIDUAL
+from specsample_cupy.verification.inputs import FLOAT_DTYPES  # noqa: F401  (api.FLOAT_DTYPES, where it always was)
+from specsample_cupy.verification.inputs import (array_module_of, as_float, bf16_to_f32, check_seed, check_shapes,
+                                                 check_streams, float_dtype_name)
+from specsample_cupy.verification.result import VerifyResult  # noqa: F401  (api.VerifyResult)
 from specsample_cupy.verification.truncation import (MinPWarps, check_warps, make_warps, off_warps, per_request,
                                                      warp_request_rows)
 
@@ -13,148 +14,11 @@ METHODS = ("exact", "sigmoid", "sigmoid-paper", "baseline", "greedy")
 SAMPLING_ONLY = ("sigmoid", "sigmoid-paper", "baseline")   # no greedy mode: temperature must be > 0
 ONEHOT_METHODS = ("exact", "greedy")                        # accept draft_logits=None (one-hot drafts)
 WARP_METHODS = ("exact", "greedy")                          # accept top_k / top_p / min_p
-FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 # The paper's released code: sigmoid((z + 10000) / 20000).
 SIGMOID_OFFSET, SIGMOID_SCALE = -10000.0, 20000.0
 # method="sigmoid": "softmax-bonus" (the default: the bonus token exactly from softmax) or "paper"
 # (the paper's released code as written); reference.reference_verify states both rules.
 SIGMOID_VARIANTS = ("softmax-bonus", "paper")
-
-
-class VerifyResult:
-    """Outcome of one verification step, arrays of the input's module (NumPy or CuPy), int32.
-
-    accepted [B]: draft tokens accepted per request (-1 where error != 0).
-    tokens [B, gamma+1]: the accepted drafts, then the resampled or bonus token, then -1 padding.
-    emitted [B]: accepted + 1 (0 where error != 0).
-    error [B]: 0, or a bit set of specsample_cupy.errors codes; the request's tokens are all -1.
-        verify() returns the codes on both backends and raises nothing for them (its docstring
-        lists the rules); check() raises.
-
-    All four live in one buffer [accepted | emitted | error | tokens]; views are made on first use.
-    to_host() reads the result (and its logprobs) with one device-to-host copy.
-    """
-    __slots__ = ("_out", "_B", "_views", "_logprobs", "_joint")
-
-    def __init__(self, out, B, logprobs=None, joint=None):
-        """joint: None, or the one int32 allocation [out | logprobs' bits] that holds both (CuPy)."""
-        self._out, self._B, self._views, self._logprobs, self._joint = out, B, {}, logprobs, joint
-
-    @property
-    def logprobs(self):
-        """[B, gamma+1] float32 (verify(..., logprobs=True) only): the log-probability of each emitted
-        token under the distribution it was drawn from (the target's, truncated and at the request's
-        temperature; greedy requests: at temperature 1), -inf where tokens is -1."""
-        if self._logprobs is None:
-            raise AttributeError("call verify(..., logprobs=True) for log-probabilities")
-        return self._logprobs.reshape(self._B, -1)
-
-    @classmethod
-    def from_arrays(cls, xp, accepted, tokens, emitted, error):
-        B = accepted.shape[0]
-        out = xp.concatenate([accepted.astype(xp.int32), emitted.astype(xp.int32),
-                              error.astype(xp.int32), tokens.astype(xp.int32).ravel()])
-        return cls(out, B)
-
-    def _view(self, name):
-        v = self._views.get(name)
-        if v is None:
-            B = self._B
-            v = {"accepted": lambda: self._out[:B], "emitted": lambda: self._out[B:2 * B],
-                 "error": lambda: self._out[2 * B:3 * B],
-                 "tokens": lambda: self._out[3 * B:].reshape(B, -1)}[name]()
-            self._views[name] = v
-        return v
-
-    accepted = property(lambda self: self._view("accepted"))
-    emitted = property(lambda self: self._view("emitted"))
-    error = property(lambda self: self._view("error"))
-    tokens = property(lambda self: self._view("tokens"))
-
-    @property
-    def packed(self):
-        """The one int32 buffer [accepted B | emitted B | error B | tokens B*(gamma+1)] behind the
-        four views: a single device-to-host copy of it reads the whole result."""
-        return self._out
-
-    def to_host(self):
-        """This result as NumPy arrays (self when it is already). With logprobs=True on CuPy the
-        log-probabilities share the packed buffer's allocation, so one copy reads both."""
-        if isinstance(self._out, np.ndarray):
-            return self
-        if self._joint is not None:
-            host, n = self._joint.get(), self._out.size
-            return VerifyResult(host[:n], self._B, host[n:].view(np.float32))
-        return VerifyResult(self._out.get(), self._B, None if self._logprobs is None else self._logprobs.get())
-
-    def check(self):
-        """Raise ValueError naming the failed requests (synchronises with the device on CuPy)."""
-        err = self.error.get() if hasattr(self.error, "get") else self.error
-        errors.raise_if_any(err)
-        return self
-
-    def __repr__(self):
-        return f"VerifyResult(accepted={self.accepted!r}, tokens={self.tokens!r}, error={self.error!r})"
-
-
-def _module(*arrays):
-    kinds = {type(a).__module__.split(".")[0] for a in arrays}
-    if kinds <= {"numpy"}:
-        return np
-    if kinds <= {"cupy"}:
-        import cupy
-        return cupy
-    raise TypeError("draft_tokens, draft_logits and target_logits must all be NumPy arrays or all CuPy arrays")
-
-
-_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16", np.dtype(np.uint16): "uint16"}
-
-
-def _float_dtype_name(arr, arg, logits_dtype):
-    name = _DTYPE_NAMES.get(arr.dtype) or arr.dtype.name  # dtype.name is slow on NumPy 2
-    if logits_dtype == "bfloat16" and name == "uint16":
-        return "bfloat16"
-    if name not in FLOAT_DTYPES:
-        raise TypeError(f"{arg} must be float32, float16 or bfloat16 (float64 is converted), got {arr.dtype}")
-    return name
-
-
-def _check_shapes(draft_tokens, draft_logits, target_logits):
-    """draft_logits None: one-hot drafts, only draft_tokens and target_logits to check."""
-    if draft_tokens.ndim != 2:
-        raise ValueError(f"draft_tokens must be [B, gamma], got shape {draft_tokens.shape}")
-    if draft_tokens.dtype.kind not in "iu":
-        raise TypeError(f"draft_tokens must be an integer array, got {draft_tokens.dtype}")
-    if draft_logits is not None and draft_logits.ndim != 3:
-        raise ValueError(f"draft_logits must be [B, gamma, V] or None, got shape {draft_logits.shape}")
-    if target_logits.ndim != 3:
-        raise ValueError(f"target_logits must be [B, gamma+1, V], got shape {target_logits.shape}")
-    B, G = draft_tokens.shape
-    if draft_logits is not None and draft_logits.shape[:2] != (B, G):
-        raise ValueError(f"draft_logits shape {draft_logits.shape} does not match draft_tokens [B={B}, gamma={G}]")
-    if target_logits.shape[:2] != (B, G + 1):
-        raise ValueError(f"target_logits shape {target_logits.shape} must be [B={B}, gamma+1={G + 1}, V]")
-    if draft_logits is not None and draft_logits.shape[2] != target_logits.shape[2]:
-        raise ValueError(f"vocabulary sizes differ: draft_logits V={draft_logits.shape[2]}, "
-                         f"target_logits V={target_logits.shape[2]}")
-    if target_logits.shape[2] < 1 or B < 1:
-        raise ValueError("B and V must be at least 1")
-    if target_logits.shape[2] >= 2 ** 31 or target_logits.size >= 2 ** 62:
-        raise ValueError("target_logits too large")
-
-
-def _check_seed(arg, v, xp):
-    """seed / offset: an int, or (CuPy) a one-element int64 device array that the kernel reads when
-    it runs (so a captured CUDA graph replays with the array's new value)."""
-    if isinstance(v, (int, Integral)):
-        return
-    if xp is not np and isinstance(v, xp.ndarray):
-        if v.size != 1 or v.dtype != xp.int64:
-            raise TypeError(f"{arg} as a device array must be a one-element int64 CuPy array, got shape "
-                            f"{v.shape} dtype {v.dtype} (the kernel reads 8 bytes; convert it once before "
-                            "capturing a graph, since a converted copy would not follow later writes)")
-        return
-    raise TypeError(f"{arg} must be an int (or a one-element int64 CuPy array), got {type(v).__name__}")
 
 
 def verify(draft_tokens, draft_logits, target_logits, *, method="exact", temperature=1.0, seed=0,
@@ -285,10 +149,10 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
         seed = random_base_seed()
     if onehot and method not in ONEHOT_METHODS:
         raise ValueError(f"draft_logits=None (one-hot drafts) works with methods {ONEHOT_METHODS}, not {method!r}")
-    xp = _module(draft_tokens, target_logits) if onehot else _module(draft_tokens, draft_logits, target_logits)
-    _check_shapes(draft_tokens, draft_logits, target_logits)
-    dtype_name = _float_dtype_name(target_logits, "target_logits", logits_dtype)
-    if not onehot and _float_dtype_name(draft_logits, "draft_logits", logits_dtype) != dtype_name:
+    xp = array_module_of(draft_tokens, target_logits) if onehot else array_module_of(draft_tokens, draft_logits, target_logits)
+    check_shapes(draft_tokens, draft_logits, target_logits)
+    dtype_name = float_dtype_name(target_logits, "target_logits", logits_dtype)
+    if not onehot and float_dtype_name(draft_logits, "draft_logits", logits_dtype) != dtype_name:
         raise TypeError(f"draft_logits ({draft_logits.dtype}) and target_logits ({target_logits.dtype}) "
                         "must have the same dtype")
     B, G = draft_tokens.shape
@@ -309,8 +173,8 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
     if sigmoid_variant not in SIGMOID_VARIANTS:
         raise ValueError(f"sigmoid_variant must be one of {SIGMOID_VARIANTS}, got {sigmoid_variant!r}")
     for arg, v in (("seed", seed), ("offset", offset)):
-        _check_seed(arg, v, xp)
-    streams = _check_streams(streams, xp, B, method)
+        check_seed(arg, v, xp)
+    streams = check_streams(streams, xp, B, method)
     if warps is None:
         warps = make_warps(xp, B, target_logits.shape[2], temps, temp_scalar, top_k, top_p, min_p)
     elif top_k is not None or top_p is not None or min_p is not None:
@@ -344,28 +208,6 @@ def verify(draft_tokens, draft_logits, target_logits, *, method="exact", tempera
                streams=streams)
 
 
-def _check_streams(streams, xp, B, method):
-    """streams as a C-contiguous [B, 2] int64 array of module xp (or None); TypeError/ValueError
-    naming the argument otherwise."""
-    if streams is None:
-        return None
-    if type(streams).__module__.split(".")[0] != xp.__name__:
-        raise TypeError("streams must be an array of the same module as the logits")
-    if streams.shape != (B, 2) or streams.dtype.kind not in "iu":
-        raise ValueError(f"streams must be an integer array of shape [B={B}, 2] (seed, offset per request), "
-                         f"got shape {streams.shape} dtype {streams.dtype}")
-    if method == "baseline":
-        raise ValueError("streams do not work with method 'baseline' (its random numbers come from a "
-                         "stateful generator)")
-    return xp.ascontiguousarray(streams, dtype=xp.int64)
-
-
-def _as_float(a, dtype_name):
-    if dtype_name == "bfloat16" and a.dtype.name == "uint16":
-        return (a.astype(np.uint32) << 16).view(np.float32)
-    return a.astype(np.float32) if dtype_name == "bfloat16" else a
-
-
 def _onehot_rows(draft_tokens, target, mode):
     """One-hot drafts as rows the reference reads like any draft: logits 0 at x_i and -inf elsewhere
     (softmax at any temperature is exactly one-hot), or probabilities 1 and 0. Out-of-range ids are
@@ -383,8 +225,8 @@ def _verify_cpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
                 streams=None):
     from specsample_cupy.verification.cpu_numpy import reference_verify
     B, G = draft_tokens.shape
-    target = _as_float(target, dtype_name)
-    draft = None if draft is None else _as_float(draft, dtype_name)
+    target = as_float(target, dtype_name)
+    draft = None if draft is None else as_float(draft, dtype_name)
     lengths = np.full(B, G, np.int64) if lengths is None else lengths.astype(np.int64)
     temps = np.full(B, temp_scalar, np.float64) if temps is None else temps.astype(np.float64)
     if warps is not None and method != "greedy":
@@ -445,7 +287,7 @@ def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
         lengths = cupy.full(B, G, cupy.int32) if lengths is None else lengths
         temps = cupy.full(B, temp_scalar, cupy.float32) if temps is None else temps
         if dtype_name == "bfloat16":
-            draft, target = (_bf16_to_f32(a) for a in (draft, target))
+            draft, target = (bf16_to_f32(a) for a in (draft, target))
         return VerifyResult.from_arrays(cupy, *baseline_verify(draft_tokens, draft, target, lengths, temps,
                                                                probs=mode == "probs", seed=int(seed), xp=cupy))
     from specsample_cupy.verification import kernel_launch as kernels
@@ -468,8 +310,3 @@ def _verify_gpu(draft_tokens, draft, target, lengths, temps, temp_scalar, dtype_
     # launch() allocates its own output when `out` is not its size: then the two are apart.
     together = joint is not None and out.data.ptr == joint.data.ptr
     return VerifyResult(out, B, lp, joint if together else None)
-
-
-def _bf16_to_f32(a):
-    import cupy
-    return (a.astype(cupy.uint32) << 16).view(cupy.float32)
