@@ -110,7 +110,12 @@ def main():
     parser.add_argument("--gammas", default="4,auto")
     parser.add_argument("--formats", default="converted,converted-gqa,builder,optimum")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--build-only", action="store_true", help="write the folders and stop")
     args = parser.parse_args()
+    if args.build_only:
+        for fmt, (target, draft) in build_formats(args.work, args.pair).items():
+            print(fmt, target, draft)
+        return
     import cupy
 
     from specsample_cupy.bench import result_json

@@ -71,13 +71,15 @@ def main():
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bandwidth-gbs", type=float, default=3350.0)
+    parser.add_argument("--converted", type=Path, default=None,
+                        help="a converted GroupQueryAttention folder to use (default: built under --work)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     gqa, timer = _sibling("gqa_layout"), _sibling("converted_graph").median_device_ms
-    hf, kn, nk = args.work / "hf", args.work / "gqa", args.work / "gqa-nk"
-    if not (hf / "config.json").exists():
-        write_checkpoint(hf, REAL_SHAPES[args.shape], dtype="bfloat16")
+    hf, kn, nk = args.work / "hf", args.converted or args.work / "gqa", args.work / "gqa-nk"
     if not (kn / "config.json").exists():
+        if not (hf / "config.json").exists():
+            write_checkpoint(hf, REAL_SHAPES[args.shape], dtype="bfloat16")
         convert(hf, kn, attention="gqa", overwrite=True)
     rewritten = transposed_copy(kn, nk)
     weight_bytes = sum(p.stat().st_size for p in kn.glob("model.onnx*"))
