@@ -1,5 +1,6 @@
 """Random verification problems shared by the CPU and GPU tests and the benchmark checks."""
 import numpy as np
+import pytest
 
 
 def softmax(x, axis=-1):
@@ -71,3 +72,15 @@ def wait_or_fail(events, seconds, what):
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not finished after {seconds} s (kernel hang?)")
         time.sleep(0.001)
+
+
+# verify()'s two backends as test parameters: the GPU one marked gpu (skipped without a CUDA device).
+BACKENDS = [pytest.param("numpy"), pytest.param("cupy", marks=pytest.mark.gpu)]
+
+
+def backend_module(name):
+    """The array module of a BACKENDS parameter."""
+    if name == "numpy":
+        return np
+    import cupy
+    return cupy

@@ -5,9 +5,6 @@ import pytest
 
 from specsample_cupy import verify
 
-BACKENDS = [pytest.param("numpy"), pytest.param("cupy", marks=pytest.mark.gpu)]
-
-
 def _inputs(seed, B=40, G=4, V=300, dtype=np.float32):
     rng = np.random.default_rng(seed)
     target = (rng.normal(size=(B, G + 1, V)) * 2).astype(np.float32)

@@ -4,20 +4,13 @@ the kernel, kernel-vs-reference agreement per configuration, greedy and error ru
 import numpy as np
 import pytest
 
-from helpers_verify import merged_chisquare, softmax
+from helpers_verify import BACKENDS, backend_module, merged_chisquare, softmax
 from specsample_cupy import verify
 from specsample_cupy.runtime import errors
 
 DRAWS = 200_000
 P_MIN = 1e-4
-BACKENDS = [pytest.param("numpy"), pytest.param("cupy", marks=pytest.mark.gpu)]
 
-
-def _xp(name):
-    if name == "numpy":
-        return np
-    import cupy
-    return cupy
 
 
 def _host(a):
@@ -30,7 +23,7 @@ def _host(a):
 @pytest.mark.parametrize("temperature", [1.0, pytest.param(0.7, marks=pytest.mark.slow)])
 def test_first_token_follows_the_target(backend, proposal, temperature):
     """Whatever the drafter proposes, the first emitted token is distributed as softmax(p_0 / T)."""
-    xp = _xp(backend)
+    xp = backend_module(backend)
     rng = np.random.default_rng({"argmax": 1, "unlikely": 2, "mixed": 3}[proposal])
     V, G = 12, 3
     row = rng.normal(size=(G + 1, V)) * 1.5
@@ -54,7 +47,7 @@ def test_first_token_follows_the_target(backend, proposal, temperature):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_greedy_accepts_while_the_proposal_is_the_argmax(backend):
-    xp = _xp(backend)
+    xp = backend_module(backend)
     rng = np.random.default_rng(4)
     B, G, V = 64, 5, 40
     target = rng.normal(size=(B, G + 1, V)).astype(np.float32)
@@ -71,7 +64,7 @@ def test_greedy_accepts_while_the_proposal_is_the_argmax(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_requests_and_arguments(backend):
-    xp = _xp(backend)
+    xp = backend_module(backend)
     B, G, V = 4, 2, 16
     target = np.zeros((B, G + 1, V), np.float32)
     tokens = np.ones((B, G), np.int32)

@@ -6,7 +6,7 @@ falls. Every check runs on the CPU, and (marked gpu) on CuPy against the CPU, fi
 import numpy as np
 import pytest
 
-from helpers_verify import merged_chisquare, random_problem, softmax
+from helpers_verify import BACKENDS, backend_module, merged_chisquare, random_problem, softmax
 from specsample_cupy import errors, verify
 
 METHODS = ("exact", "greedy", "sigmoid", "sigmoid-paper")
@@ -51,27 +51,24 @@ def _unread_spoiled(method, tokens, draft, target, n, kind):
     return draft, target
 
 
+def _assert_same(out, expected, msg, rows=slice(None)):
+    for f in expected:
+        np.testing.assert_array_equal(out[f][rows], expected[f][rows], err_msg=f"{msg} {f}")
+
+
 def _check_unread(method, xp):
     tokens, draft, target = _problem(method)
     clean = _run(method, tokens, draft, target)
     assert (clean["error"] == 0).all()
     for kind in ("nan", "no_mass"):
         d, t = _unread_spoiled(method, tokens, draft, target, clean["accepted"], kind)
-        out = _run(method, tokens, d, t, xp=xp)
-        for f in clean:
-            np.testing.assert_array_equal(out[f], clean[f], err_msg=f"{method} {kind} {f}")
+        _assert_same(_run(method, tokens, d, t, xp=xp), clean, f"{method} {kind}")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("method", METHODS)
-def test_rows_no_decision_reads_may_hold_anything_cpu(method):
-    _check_unread(method, np)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("method", METHODS)
-def test_rows_no_decision_reads_may_hold_anything_gpu(method):
-    import cupy as cp
-    _check_unread(method, cp)
+def test_rows_no_decision_reads_may_hold_anything(method, backend):
+    _check_unread(method, backend_module(backend))
 
 
 def _read_cases(method, tokens, draft, target, n):
@@ -106,25 +103,15 @@ def _check_read(method, xp):
         out = _run(method, tokens, d, t)
         assert out["error"][b] == code, (method, name, out["error"])
         assert out["tokens"][b].tolist() == [-1] * (G + 1) and out["emitted"][b] == 0, (method, name)
-        others = [k for k in range(B) if k != b]
-        for f in clean:
-            np.testing.assert_array_equal(out[f][others], clean[f][others], err_msg=f"{method} {name} {f}")
+        _assert_same(out, clean, f"{method} {name}", rows=[k for k in range(B) if k != b])
         if xp is not np:
-            gpu = _run(method, tokens, d, t, xp=xp)
-            for f in out:
-                np.testing.assert_array_equal(gpu[f], out[f], err_msg=f"GPU {method} {name} {f}")
+            _assert_same(_run(method, tokens, d, t, xp=xp), out, f"GPU {method} {name}")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("method", METHODS)
-def test_rows_a_decision_reads_still_yield_their_codes_cpu(method):
-    _check_read(method, np)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("method", METHODS)
-def test_rows_a_decision_reads_still_yield_their_codes_gpu(method):
-    import cupy as cp
-    _check_read(method, cp)
+def test_rows_a_decision_reads_still_yield_their_codes(method, backend):
+    _check_read(method, backend_module(backend))
 
 
 # ---- chi-square with the first rejection forced at each position ---------------------------------

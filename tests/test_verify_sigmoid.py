@@ -8,7 +8,7 @@ draws it in proportion to max(1e-5, z / T) as the paper's released code does.
 import numpy as np
 import pytest
 
-from helpers_verify import merged_chisquare, random_problem, softmax
+from helpers_verify import BACKENDS, merged_chisquare, random_problem, softmax
 from specsample_cupy import verify
 from specsample_cupy.verification.analysis import bonus_distribution, first_token_distribution, total_variation
 
@@ -27,7 +27,6 @@ def _backend(name):
     return cupy
 
 
-BACKENDS = [pytest.param("numpy"), pytest.param("cupy", marks=pytest.mark.gpu)]
 
 
 def _run(xp, tokens, draft, target, **kw):
