@@ -28,11 +28,13 @@ def self_pair(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def other_pair(tmp_path_factory):
-    """A target and an independent draft (other weights, flattened): many rejections."""
+    """A target and an independent draft (other weights): many rejections. Untied heads: a tiny tied
+    model with small embeddings repeats its last token (its logits are its input's embedding against
+    the same table), and two such models agree on everything."""
     root = tmp_path_factory.mktemp("gqa_other")
-    config = {**TINY["qwen2-tied"], "num_hidden_layers": 2}
+    config = {**TINY["qwen2-tied"], "num_hidden_layers": 2, "tie_word_embeddings": False}
     hf_target = write_checkpoint(root / "hf_t", config, seed=7, embed_scale=0.25)
-    hf_draft = write_checkpoint(root / "hf_d", config, seed=8, embed_scale=0.25, final_norm_scale=0.3)
+    hf_draft = write_checkpoint(root / "hf_d", config, seed=8, embed_scale=0.25)
     return hf_target, convert(hf_target, root / "t", attention="gqa"), convert(hf_draft, root / "d", attention="gqa")
 
 

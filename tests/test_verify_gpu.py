@@ -102,10 +102,11 @@ def test_errors_are_flagged_per_request_without_sync():
     cp = _cp()
     rng = np.random.default_rng(5)
     tokens, draft, target = random_problem(rng, 6, 3, 64)
+    # Bad values at position 0, whose rows every decision reads (rows past the stop are not read).
     target[1, 0, 5] = np.nan
-    draft[2, 1, 0] = np.inf
+    draft[2, 0, 0] = np.inf
     tokens[3, 0] = 64
-    target[4, 2] = -np.inf
+    target[4, 0] = -np.inf
     lengths = np.array([3, 3, 3, 3, 3, 9], np.int32)
     res = verify(cp.asarray(tokens), cp.asarray(draft), cp.asarray(target), draft_lengths=cp.asarray(lengths))
     err = res.error.get()
