@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import shutil
 import sys
 import time
@@ -86,14 +85,14 @@ def bench_format(target: Path, draft: Path, batches, seeds: int, max_new_tokens:
 def table(report: dict) -> str:
     """ms per token (median [min-max] over seeds) and the ratio to the converted format's median."""
     base = {(run["batch"], r["method"], r["gamma"]): r["ms_per_token"]["median"]
-            for run in report["formats"]["converted"]["runs"] for r in run["rows"]}
+            for run in report["formats"].get("converted", {}).get("runs", []) for r in run["rows"]}
     lines = [f"{'format':14} {'B':>2} {'config':>10} {'ms/token':>22} {'x converted':>11} {'efficiency':>10} loop"]
     for fmt, result in report["formats"].items():
         for run in result["runs"]:
             for r in run["rows"]:
                 config = "target" if r["method"] == "target" else f"greedy γ{r['gamma']}"
                 ms = r["ms_per_token"]
-                ratio = ms["median"] / base[(run["batch"], r["method"], r["gamma"])]
+                ratio = ms["median"] / base.get((run["batch"], r["method"], r["gamma"]), float("nan"))
                 eff = "" if r["method"] == "target" else f"{r['efficiency']['median']:.3f}"
                 lines.append(f"{fmt:14} {run['batch']:>2} {config:>10} "
                              f"{ms['median']:8.3f} [{ms['min']:.3f}-{ms['max']:.3f}] {ratio:11.3f} {eff:>10} {r['loop']}")
@@ -128,16 +127,22 @@ def main():
               "command": "python benchmarks/formats.py " + " ".join(sys.argv[1:])}
     for fmt in args.formats.split(","):
         fmt_batches = [b for b in batches if b == 1 or fmt not in ONE_PROMPT]
-        report["formats"][fmt] = bench_format(*folders[fmt], fmt_batches, args.seeds, args.max_new_tokens, gammas)
+        try:
+            report["formats"][fmt] = bench_format(*folders[fmt], fmt_batches, args.seeds, args.max_new_tokens, gammas)
+        except Exception as exc:  # noqa: BLE001 - a format that fails is reported, the others still run
+            report["formats"][fmt] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}", "runs": []}
         print(fmt, {k: v for k, v in report["formats"][fmt].items() if k != "runs"}, flush=True)
+        if args.json:   # after each format: a run cut short keeps what it measured
+            result_json.write(args.json, without_seed_runs(report))
     print(table(report))
-    if args.json:
-        for result in report["formats"].values():   # per-seed runs: the medians and ranges are kept
-            for run in result["runs"]:
-                for r in run["rows"]:
-                    r.pop("runs", None)
-        result_json.write(args.json, report)
-        print(json.dumps({"wrote": args.json}))
+
+
+def without_seed_runs(report: dict) -> dict:
+    """The report with each row's medians and ranges, not its per-seed runs."""
+    formats = {fmt: {**result, "runs": [{**run, "rows": [{k: v for k, v in r.items() if k != "runs"}
+                                                          for r in run["rows"]]} for run in result["runs"]]}
+               for fmt, result in report["formats"].items()}
+    return {**report, "formats": formats}
 
 
 if __name__ == "__main__":
