@@ -41,14 +41,38 @@ def test_rewrite_matches_the_converted_layout(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_rewritten_copy_loads_weights_from_the_source_folder(tmp_path):
+    """A builder model with external data (as every real-size one has): the rewritten graph in the
+    cache loads its weights from the source folder, and computes what the converted model does."""
+    from specsample_cupy.runtime.ort_session import _inference_session
+    (target, _) = converted_self_pair(tmp_path, "float32", attention="gqa")
+    built = builder_folder(target, tmp_path / "built")
+    model = onnx.load(str(built / "model.onnx"))
+    onnx.save_model(model, str(built / "model.onnx"), save_as_external_data=True, location="model.onnx.data",
+                    size_threshold=1024)   # small constants inline, as the builder writes them
+    path, weights = for_fixed_bindings(built / "model.onnx", tmp_path / "cache")
+    assert weights == built and not (path.parent / "model.onnx.data").exists()
+    sessions = [ort.InferenceSession(str(target / "model.onnx"), providers=["CPUExecutionProvider"]),
+                _inference_session(path, "cpu", None, 0, weights_dir=weights)]
+    ids = np.random.default_rng(1).integers(0, 2100, (1, 5))
+    outs = []
+    for session in sessions:
+        shape = session.get_inputs()[3].shape
+        cache = _Buffers(session, type("S", (), {"kv_heads": shape[1], "head_dim": shape[3]}), 1, np.float32)
+        outs.append(cache.run(ids, [0]))
+    np.testing.assert_array_equal(*outs)
+
+
 def test_rewritten_copy_is_cached(tmp_path):
     (target, _) = converted_self_pair(tmp_path, "float32", attention="gqa")
     built = builder_folder(target, tmp_path / "built")
-    first = for_fixed_bindings(built / "model.onnx", tmp_path / "cache")
+    first, weights = for_fixed_bindings(built / "model.onnx", tmp_path / "cache")
+    assert weights == built
     assert first != built / "model.onnx" and first.exists()
     stamp = first.stat().st_mtime_ns
-    assert for_fixed_bindings(built / "model.onnx", tmp_path / "cache") == first and first.stat().st_mtime_ns == stamp
-    assert for_fixed_bindings(target / "model.onnx", tmp_path / "cache") == target / "model.onnx"   # nothing to do
+    assert for_fixed_bindings(built / "model.onnx", tmp_path / "cache") == (first, built)
+    assert first.stat().st_mtime_ns == stamp
+    assert for_fixed_bindings(target / "model.onnx", tmp_path / "cache") == (target / "model.onnx", None)   # nothing to do
 
 
 @GPU_DECODE[0]

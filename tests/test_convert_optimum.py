@@ -62,3 +62,13 @@ def test_first_load_converts_once_into_the_cache(tmp_path, capsys):
     prompts = ["def f(x):", "import os\n"]
     assert SpeculativeDecoder(first, first, device="cpu").generate(prompts, **args).token_ids == \
         SpeculativeDecoder(direct, direct, device="cpu").generate(prompts, **args).token_ids
+
+
+@pytest.mark.parametrize("dtype,expected", [(np.float16, "float16"), (np.float32, "float32")])
+def test_an_exports_dtype_is_its_weights_without_typed_logits(tmp_path, dtype, expected):
+    """The cache converts an export in its own precision: its logits' type, or (no typed logits output)
+    the dtype most of its weights are stored in."""
+    from specsample_cupy.convert.cache import _export_dtype
+    hf = write_checkpoint(tmp_path / "hf", TINY["qwen2-tied"], dtype="float32", seed=4)
+    export = optimum_export(hf, tmp_path / "export", dtype=dtype)
+    assert _export_dtype(export / "model.onnx") == expected

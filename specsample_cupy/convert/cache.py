@@ -29,13 +29,23 @@ def convertible(folder) -> bool:
 
 
 def _export_dtype(path: Path) -> str:
+    """"float16" for an export whose logits are float16, or (no logits output typed) whose weights are
+    mostly float16 by element count; else "float32"."""
+    import math
+
     import onnx
     from onnx import TensorProto
 
     graph = onnx.load(str(path), load_external_data=False).graph
     logits = next((o for o in graph.output if o.name == "logits"), None)
-    half = logits is not None and logits.type.tensor_type.elem_type == TensorProto.FLOAT16
-    return "float16" if half else "float32"
+    elem = logits.type.tensor_type.elem_type if logits is not None else TensorProto.UNDEFINED
+    if elem == TensorProto.UNDEFINED:
+        counts = {TensorProto.FLOAT16: 0, TensorProto.FLOAT: 0}
+        for t in graph.initializer:
+            if t.data_type in counts:
+                counts[t.data_type] += math.prod(t.dims)
+        elem = max(counts, key=counts.get)
+    return "float16" if elem == TensorProto.FLOAT16 else "float32"
 
 
 def converted_copy(folder, root: Path | None = None) -> Path:

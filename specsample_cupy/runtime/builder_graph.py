@@ -7,12 +7,13 @@ is), total_sequence_length from the mask's width (Shape, Gather, Cast: host-side
 With the cache bound at a fixed capacity C the mask is [B, C + S] wide, which would make the present
 C + S long; the device loop binds past and present to one buffer of C. So the graph is rewritten to
 take total_sequence_length as an input (the capacity, sessions_static), its shape arithmetic pruned,
-into a cache folder beside the weights it points to (symbolic links): the same model file every time,
-written once per source file (layout.derived_folder), said once on stderr.
+into a cache folder (layout.derived_folder: written once per source file, said once on stderr). Its
+weights stay where they are: the session loads the rewritten graph with the source folder as the
+place of its external data (ONNX Runtime refuses external data that resolves outside the model's own
+folder, so links into the source folder would not load).
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -58,36 +59,31 @@ def rewrite(model) -> bool:
     return True
 
 
-def for_fixed_bindings(onnx_path, cache_root: Path | None = None) -> Path:
-    """onnx_path itself, or the rewritten copy of a builder graph (module docstring) in the cache. Only
-    a builder folder (genai_config.json beside the model) is read at all."""
+def for_fixed_bindings(onnx_path, cache_root: Path | None = None) -> tuple[Path, Path | None]:
+    """(model file, folder of its external data): (onnx_path, None) for a graph that needs no change,
+    or the rewritten copy of a builder graph (module docstring) in the cache and onnx_path's folder.
+    Only a builder folder (genai_config.json beside the model) is read at all."""
     import onnx
 
     from specsample_cupy.runtime.layout import derived_folder
 
     onnx_path = Path(onnx_path)
     if not (onnx_path.parent / "genai_config.json").exists():
-        return onnx_path
+        return onnx_path, None
     model = onnx.load(str(onnx_path), load_external_data=False)
     if _needs_rewrite(model.graph) is None:
-        return onnx_path
+        return onnx_path, None
     folder = derived_folder("graphs", onnx_path)
     if cache_root is not None:
         folder = Path(cache_root) / folder.name
     out = folder / onnx_path.name
     if out.exists():
-        return out
+        return out, onnx_path.parent
     rewrite(model)
     folder.mkdir(parents=True, exist_ok=True)
-    locations = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
-    for location in locations:
-        link = folder / location
-        if not link.exists():
-            link.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink((onnx_path.parent / location).resolve(), link)
     tmp = folder / (onnx_path.name + ".tmp")
     onnx.save_model(model, str(tmp))
     tmp.replace(out)
     print(f"{onnx_path}: GroupQueryAttention's total length made an input for fixed bindings, in {out}",
           file=sys.stderr)
-    return out
+    return out, onnx_path.parent

@@ -91,19 +91,23 @@ def open_session_error(path, exc: BaseException) -> ValueError | None:
 
 
 def _inference_session(path: Path, device: str, stream, device_id: int, cuda_graph: bool = False,
-                       cpu_threads: int | None = None):
+                       cpu_threads: int | None = None, weights_dir: Path | None = None):
     """An ONNX Runtime session; on CUDA it computes on `stream`, and with cuda_graph=True it may capture
     runs as CUDA graphs (ONNX Runtime refuses at creation when the graph has nodes on the CPU).
     cpu_threads: on the CPU, the threads one run may use (None: ONNX Runtime's default, every core);
-    processes sharing a machine (Ray workers) each get their share, or their threads contend."""
+    processes sharing a machine (Ray workers) each get their share, or their threads contend.
+    weights_dir: where the model's external data lies, when not beside it (a rewritten graph in a
+    cache folder: builder_graph.for_fixed_bindings)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if weights_dir is not None:
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(weights_dir))
     if device == "cpu":
         if cpu_threads:
             options.intra_op_num_threads, options.inter_op_num_threads = int(cpu_threads), 1
-        return _create_session(ort, path, options, ["CPUExecutionProvider"])
+        return _create_session(ort, path, options, ["CPUExecutionProvider"], weights_dir is not None)
     _preload_cuda_libraries(ort)
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise RuntimeError("device='cuda' needs onnxruntime-gpu (CUDAExecutionProvider is not available)")
@@ -112,16 +116,19 @@ def _inference_session(path: Path, device: str, stream, device_id: int, cuda_gra
     cuda = {"device_id": str(device_id), "user_compute_stream": str(stream.ptr), "use_tf32": "0"}
     if cuda_graph:
         cuda["enable_cuda_graph"] = "1"
-    return _create_session(ort, path, options, [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"])
+    return _create_session(ort, path, options, [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"],
+                           weights_dir is not None)
 
 
-def _create_session(ort, path: Path, options, providers):
+def _create_session(ort, path: Path, options, providers, from_bytes: bool = False):
     """ort.InferenceSession, with a model file it cannot load reported as ValueError naming the file
     (open_session_error). ONNX Runtime prints its provider-fallback notices with print(); they go to
-    stderr so that stdout keeps only what the command writes there."""
+    stderr so that stdout keeps only what the command writes there. from_bytes: load the file's bytes
+    (ONNX Runtime reads the external-data folder option only for a model given in memory)."""
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            return ort.InferenceSession(str(path), options, providers=providers)
+            model = Path(path).read_bytes() if from_bytes else str(path)
+            return ort.InferenceSession(model, options, providers=providers)
     except onnx_load_errors() as exc:
         error = open_session_error(path, exc)
         if error is None:

@@ -53,7 +53,8 @@ class DecoderSession:
                  cuda_graph: bool = False, cpu_threads: int | None = None):
         self.spec, self.device, self.stream, self.device_id = spec, device, stream, device_id
         self.xp = array_module(device)
-        self.session = _inference_session(self._model_path(spec), device, stream, device_id, cuda_graph, cpu_threads)
+        path, weights_dir = self._model_path(spec)
+        self.session = _inference_session(path, device, stream, device_id, cuda_graph, cpu_threads, weights_dir)
         self._read_graph()
         if self.shared_buffer and not self.feeds_shared_buffer:
             raise ValueError(f"{spec.onnx_path}: the GroupQueryAttention layout (convert --attention gqa) runs on "
@@ -65,9 +66,10 @@ class DecoderSession:
         self.run_host_s = 0.0   # host time inside ONNX Runtime's run calls, summed
         self.run_span = None    # optional: () -> context manager wrapped around each run call (timing)
 
-    def _model_path(self, spec: ModelSpec) -> Path:
-        """The ONNX file the session loads (sessions_static: a builder graph rewritten for its bindings)."""
-        return spec.onnx_path
+    def _model_path(self, spec: ModelSpec) -> tuple[Path, Path | None]:
+        """The ONNX file the session loads and the folder of its external data when that is elsewhere
+        (sessions_static: a builder graph rewritten for its bindings)."""
+        return spec.onnx_path, None
 
     def _read_graph(self):
         path = self.spec.onnx_path
