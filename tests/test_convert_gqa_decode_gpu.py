@@ -2,8 +2,8 @@
 one prompt per call, every column written at the row's count (decode_round.cu's dense columns).
 Greedy speculative decoding equals target-only greedy with every draft accepted, with an independent
 draft that is often rejected (rollbacks, re-fed draft columns, compactions), with automatic gamma, and
-with prompt-lookup drafts; target-only follows the float64 reference; a batch is refused before any
-token."""
+with prompt-lookup drafts; target-only follows the float64 reference; a batch decodes one prompt at a
+time."""
 import numpy as np
 import pytest
 
@@ -93,10 +93,12 @@ def test_prompt_lookup_drafts(self_pair):
     assert spec == alone and all(o.stats["loop"] == "device" for o in outs)
 
 
-def test_a_batch_is_refused_before_any_token(self_pair):
+def test_a_batch_decodes_one_prompt_at_a_time(self_pair):
     from specsample_cupy.decode.decoder import SpeculativeDecoder
     decoder = SpeculativeDecoder(*self_pair, device="cuda")
-    received = []
-    with pytest.raises(ValueError, match="one prompt per call"):
-        decoder.generate(PROMPTS[:2], max_new_tokens=8, gamma=4, on_tokens=lambda b, t: received.append(t), **GREEDY)
-    assert received == []
+    received = {}
+    out = decoder.generate(PROMPTS, max_new_tokens=8, gamma=4, on_tokens=lambda b, t: received.setdefault(b, []).extend(t),
+                           **GREEDY)
+    alone, _ = _each(decoder, max_new_tokens=8, **TARGET)
+    assert out.token_ids == alone and [received[b] for b in range(len(PROMPTS))] == alone
+    assert out.stats["one_prompt_at_a_time"] and out.stats["loop"] == "device"

@@ -231,5 +231,6 @@ def test_models_without_position_ids_decode_one_request_at_a_time(pair, tmp_path
         assert decoder.generate(prompt, max_new_tokens=30, gamma=4, method="greedy").token_ids == expected
         sampled = dict(max_new_tokens=30, gamma=3, temperature=1.0, seed=9)
         assert decoder.generate(prompt, **sampled).token_ids == plain.generate(prompt, **sampled).token_ids
-    with pytest.raises(ValueError, match="position_ids"):
-        decoder.generate(PROMPTS, max_new_tokens=4)
+    batch = decoder.generate(PROMPTS, max_new_tokens=12, gamma=3, temperature=1.0, seed=9)   # prompt by prompt
+    assert batch.stats["one_prompt_at_a_time"] and batch.stats["batch"] == len(PROMPTS)
+    assert batch.token_ids == plain.generate(PROMPTS, max_new_tokens=12, gamma=3, temperature=1.0, seed=9).token_ids

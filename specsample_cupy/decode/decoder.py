@@ -25,6 +25,7 @@ from specsample_cupy.decode.decoder_device import open_session, pick_device as _
 from specsample_cupy.decode.detokenize import TextAssembler
 from specsample_cupy.decode.gamma_policy import REPROBE, make_policy
 from specsample_cupy.decode.ngram import NGRAM, check_ngram_range
+from specsample_cupy.decode.one_at_a_time import generate_each, one_prompt_reason
 from specsample_cupy.decode.request_state import Requests
 from specsample_cupy.decode.stats import Clock, Totals, timed_runs
 from specsample_cupy.decode.stop_strings import StopStrings, check_stop_strings
@@ -183,7 +184,8 @@ class SpeculativeDecoder:
                 gamma and its bounds, temperature, seed, truncation, stop, max_new_tokens, logprobs,
                 ignore_eos); given, it replaces them (the keyword arguments are the same settings
                 spelled out).
-            prompts: a string or a list of B strings (any lengths; batched with left padding).
+            prompts: a string or a list of B strings (any lengths; batched with left padding; a pair that
+                decodes one prompt per call runs them one after another: decode/one_at_a_time.py).
             prompt_ids: instead of prompts, the prompts as token ids: a list of B lists of ints (or one
                 list of ints); ids outside the vocabulary are a ValueError.
             gamma: draft tokens proposed per round; 0 (or method="target") decodes with the target alone;
@@ -234,7 +236,7 @@ class SpeculativeDecoder:
             return self.generate(prompts, on_tokens=on_tokens, on_round=on_round, seeds=seeds, prompt_ids=prompt_ids,
                                  **settings.generate_kwargs())
         policy_mode = "auto" if gamma == "auto" else ("adaptive" if adaptive_gamma else "fixed")
-        gamma = 4 if gamma == "auto" else gamma
+        gamma_arg, gamma = gamma, (4 if gamma == "auto" else gamma)
         self._check(method, temperature, max_new_tokens, gamma)
         temperature = resolve_temperature(method, temperature)
         truncation = self._check_truncation(method, temperature, logprobs, top_k=top_k, top_p=top_p, min_p=min_p)
@@ -251,6 +253,15 @@ class SpeculativeDecoder:
         if method == "baseline" and gamma > 0:
             request_seeds = None   # verify()'s baseline draws from one generator for the call, not per request
         speculative = method != "target" and gamma > 0
+        reason = one_prompt_reason(self, speculative) if len(prompts) > 1 else None
+        if reason is not None:   # a pair that decodes one prompt per call: each prompt a call of its own
+            return GenerationOutput(*generate_each(
+                self, prompts, encoded=prompt_ids is not None, base_seed=base_seed, request_seeds=request_seeds,
+                reason=reason, on_tokens=on_tokens, on_round=on_round,
+                kwargs=dict(max_new_tokens=max_new_tokens, gamma=gamma_arg, method=method, temperature=temperature,
+                            adaptive_gamma=adaptive_gamma, gamma_min=gamma_min, gamma_max=gamma_max,
+                            ignore_eos=ignore_eos, stop=stop, top_k=top_k, top_p=top_p, min_p=min_p,
+                            logprobs=logprobs)))
         # Automatic gamma starts from what earlier calls of this kind measured, and may run target-only.
         memory = self._auto_memory.setdefault((method, float(temperature), len(prompts)), {"calls": 0}) \
             if policy_mode == "auto" and speculative else None
