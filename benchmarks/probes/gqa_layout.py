@@ -65,18 +65,25 @@ def gqa_runner(model_dir: Path, batch: int, capacity: int, steps: int):
     return run, stream
 
 
-def main():
-    from models.hf_checkpoint import REAL_SHAPES, write_checkpoint
-    from specsample_cupy.convert import convert
+def probe_parser(reps: int, bandwidth_gbs: float) -> argparse.ArgumentParser:
+    """The arguments the real-shape probes share (this one and weight_layout.py)."""
+    from models.hf_checkpoint import REAL_SHAPES
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="qwen2.5-1.5b", choices=sorted(REAL_SHAPES))
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--capacity", type=int, default=256)
-    parser.add_argument("--reps", type=int, default=50)
-    parser.add_argument("--bandwidth-gbs", type=float, default=4200.0)
+    parser.add_argument("--reps", type=int, default=reps)
+    parser.add_argument("--bandwidth-gbs", type=float, default=bandwidth_gbs)
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    return parser
+
+
+def main():
+    from models.hf_checkpoint import REAL_SHAPES, write_checkpoint
+    from specsample_cupy.convert import convert
+
+    args = probe_parser(reps=50, bandwidth_gbs=4200.0).parse_args()
     graph_probe = _sibling("converted_graph")
     hf = args.work / "hf"
     if not (hf / "config.json").exists():

@@ -11,7 +11,6 @@ Device ms of one captured run, the two variants' sessions alive together and tim
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import shutil
@@ -64,18 +63,12 @@ def main():
     from models.hf_checkpoint import REAL_SHAPES, write_checkpoint
     from specsample_cupy.convert import convert
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--shape", default="qwen2.5-1.5b", choices=sorted(REAL_SHAPES))
-    parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--capacity", type=int, default=256)
-    parser.add_argument("--reps", type=int, default=30)
+    gqa, timer = _sibling("gqa_layout"), _sibling("converted_graph").median_device_ms
+    parser = gqa.probe_parser(reps=30, bandwidth_gbs=3350.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--bandwidth-gbs", type=float, default=3350.0)
     parser.add_argument("--converted", type=Path, default=None,
                         help="a converted GroupQueryAttention folder to use (default: built under --work)")
-    parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    gqa, timer = _sibling("gqa_layout"), _sibling("converted_graph").median_device_ms
     hf, kn, nk = args.work / "hf", args.converted or args.work / "gqa", args.work / "gqa-nk"
     if not (kn / "config.json").exists():
         if not (hf / "config.json").exists():
