@@ -77,3 +77,15 @@ def test_merged_stats_add_up():
     assert len(stats["verify_times_s"]) == 6
     assert merged_stats([one, {**two, "model_time_s": None}], 1.0)["host_overhead_per_round_s"] is None
     assert np.isclose(stats["tokens_per_s"], 20.0)
+
+
+def test_float16_builder_folders_decode_on_the_cpu(tmp_path):
+    """The builder's CUDA exports are float16: on the CPU they decode too, a batch prompt by prompt."""
+    from specsample_cupy.decode.decoder import SpeculativeDecoder
+    target, draft = converted_self_pair(tmp_path, "float16", attention="gqa")
+    decoder = SpeculativeDecoder(builder_folder(target, tmp_path / "bt"), builder_folder(draft, tmp_path / "bd"),
+                                 device="cpu")
+    args = dict(max_new_tokens=8, temperature=0, ignore_eos=True)
+    out = decoder.generate(PROMPTS, gamma=3, method="greedy", **args)
+    assert out.stats["loop"] == "host" and out.stats["one_prompt_at_a_time"]
+    assert out.token_ids == [decoder.generate([p], gamma=0, method="target", **args).token_ids[0] for p in PROMPTS]
