@@ -54,11 +54,28 @@ class DeviceCost:
         return model + np.maximum(self.rest(g), 0.0) if self.rest.fitted else model
 
 
+def calibration_feed(session, step) -> None:
+    """The feed the calibration replays run on: zeros (every id in range, no slot seen), except that a
+    model writing into a shared buffer (GroupQueryAttention: a run's columns land at the row's count,
+    the mask's sum) is shown a full cache, so that its replays write at the buffer's end, past every
+    token the call holds, which runs write before they read. A zero count would place the columns
+    before the row's start, over other rows' keys and values."""
+    step.feed.fill(0)
+    if not getattr(session, "shared_buffer", False):
+        return
+    B, S = step.ids.shape
+    mask = step.feed[2 * B * S:].reshape(B, -1)
+    C = mask.shape[1] - S
+    total = min(C, session.spec.context_length or C)   # the bound total_sequence_length
+    mask[:, :total - S] = 1
+    mask[:, C:] = 1
+
+
 def calibrate_model_costs(decoder, buf, gammas, replays: int = 5) -> dict:
     """buf: the call's round_buffers._RoundBuffers. GPU seconds of a round's model runs for each gamma (the draft's S = 2 run, gamma - 1 S = 1 runs,
     the target's S = gamma + 1 run; gamma = 0: a target-only step's S = 1 run), from replays of each
     captured graph between CUDA events. Runs before a call's first round writes any feed (the feeds
-    are zeroed first: every id in range), and kept per plan by the decoder."""
+    are written first: calibration_feed), and kept per plan by the decoder."""
     import cupy
     key = (buf.plans, tuple(gammas))
     kept = decoder._model_costs.get(key)
@@ -75,7 +92,7 @@ def calibrate_model_costs(decoder, buf, gammas, replays: int = 5) -> dict:
     seconds = {}
     with stream:
         for key_run, (session, step) in runs.items():
-            step.feed.fill(0)
+            calibration_feed(session, step)
             session.replay(step)   # the first replay captures the graph
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
             start.record(stream)
