@@ -2,7 +2,7 @@
 //   beta[b, i] = sum_x min(p(x), q(x)),  p = softmax(target[b, i] / T_b),  q = softmax(draft[b, i] / T_b),
 // the probability that exact verification accepts draft i of request b (sampled from q), given that
 // it reaches it: one minus the total variation distance of the two rows. Reference:
-// gamma_policy.expected_acceptance().
+// acceptance.expected_acceptance().
 //
 // Parallel decomposition: row pair (b, i) (target row i and draft row i of request b, i < G) is cut
 // into S vocabulary slices of `span` entries; both kernels run one block per (row pair, slice), grid

@@ -8,7 +8,8 @@ import pytest
 pytest.importorskip("onnxruntime")
 
 from specsample_cupy.decode.decoder import SpeculativeDecoder  # noqa: E402
-from specsample_cupy.decode.gamma_policy import AutoGamma, LineCost, expected_tokens, make_policy  # noqa: E402
+from specsample_cupy.decode.acceptance import expected_tokens  # noqa: E402
+from specsample_cupy.decode.gamma_policy import AutoGamma, LineCost, make_policy  # noqa: E402
 from specsample_cupy.decode.stats import Round  # noqa: E402
 
 PROMPTS = ["the rain in spain", "a", "hello there, a test of holes", "dense"]

@@ -1,10 +1,10 @@
-"""kernels_cu/expected_accept.cu against gamma_policy.expected_acceptance (its NumPy reference), and both
+"""kernels_cu/expected_accept.cu against acceptance.expected_acceptance (its NumPy reference), and both
 loops on the GPU (the device loop, the host loop over CuPy) reporting it to automatic gamma for exact
 sampling."""
 import numpy as np
 import pytest
 
-from specsample_cupy.decode.gamma_policy import expected_acceptance
+from specsample_cupy.decode.acceptance import expected_acceptance
 from specsample_cupy.verification.expected_accept import SPAN, ExpectedAcceptance
 
 from helpers_decode_gpu import GPU_DECODE, PROMPTS, on_device, on_host  # noqa: F401

@@ -1,11 +1,11 @@
-"""Expected acceptance (gamma_policy.expected_acceptance: beta = sum_x min(p, q) per draft position),
+"""Expected acceptance (acceptance.expected_acceptance: beta = sum_x min(p, q) per draft position),
 which automatic gamma counts for exact sampling in place of the accepted drafts: the formula, the
 acceptance probability of exact verification it stands for (chi-squared), and the loops that report
 it on the CPU."""
 import numpy as np
 import pytest
 
-from specsample_cupy.decode.gamma_policy import expected_acceptance, expected_accepted
+from specsample_cupy.decode.acceptance import expected_acceptance, expected_accepted
 from specsample_cupy.verification.api import verify
 
 

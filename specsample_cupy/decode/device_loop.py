@@ -57,7 +57,7 @@ import time
 import numpy as np
 
 from specsample_cupy.decode.device_cost import DeviceCost, calibrate_model_costs
-from specsample_cupy.decode.gamma_policy import expected_accepted
+from specsample_cupy.decode.acceptance import expected_accepted
 from specsample_cupy.decode.device_proposers import device_proposer
 from specsample_cupy.decode.round_buffers import EVENTS, PITCH_ROUND, round_buffers
 from specsample_cupy.decode.stats import Round

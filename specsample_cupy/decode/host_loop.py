@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from specsample_cupy.decode.gamma_policy import expected_acceptance, expected_accepted
+from specsample_cupy.decode.acceptance import expected_acceptance, expected_accepted
 from specsample_cupy.decode.proposers import host_proposer
 from specsample_cupy.decode.stats import Round
 from specsample_cupy.runtime import errors
@@ -142,7 +142,7 @@ class HostRounds:
         """[B, gamma] float64: each draft position's acceptance probability (draft_len on the host,
         lengths its device copy). On the GPU kernels_cu/expected_accept.cu, the device loop's, where it
         reads the rows in place (model drafts: the draft's logits are the target's dtype); else
-        gamma_policy.expected_acceptance."""
+        acceptance.expected_acceptance."""
         xp = self.dec.xp
         if xp is not np and draft_logits.dtype == target_logits.dtype and draft_logits.dtype.name in DTYPES:
             import cupy

@@ -96,7 +96,7 @@ class Round:
     active: rows unfinished before the round; draft_len: drafts proposed; accepted: drafts accepted;
     taken: tokens the rows took (after EOS and budget cuts); gamma: the round's gamma (0: a target
     step); expected_accepted: None, or (where the gamma policy asks: policy.expected) [B] float64, the
-    accepted count's expectation over the positions tried (gamma_policy.expected_accepted)."""
+    accepted count's expectation over the positions tried (acceptance.expected_accepted)."""
     active: np.ndarray
     draft_len: np.ndarray
     accepted: np.ndarray

@@ -1,5 +1,5 @@
 """kernels_cu/expected_accept.cu's launcher: each draft position's acceptance probability,
-sum_x min(p, q), for automatic gamma on the device loop (reference: gamma_policy.expected_acceptance)."""
+sum_x min(p, q), for automatic gamma on the device loop (reference: acceptance.expected_acceptance)."""
 from __future__ import annotations
 
 import ctypes
@@ -57,7 +57,7 @@ class ExpectedAcceptance:
                 and all(a.flags.c_contiguous and a.data.ptr % 16 == 0 for a in (draft_logits, target_logits)))
 
     def to_host(self, stream, draft_logits, target_logits, temperature, draft_len) -> np.ndarray:
-        """[B, g] float64 on the host, as gamma_policy.expected_acceptance: rows that fit() (CuPy, this
+        """[B, g] float64 on the host, as acceptance.expected_acceptance: rows that fit() (CuPy, this
         dtype); temperature a float > 0 or [B] (CuPy); draft_len [B] int32 on the device. Waits for the
         stream to read the result."""
         import cupy
