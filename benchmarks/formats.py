@@ -5,9 +5,10 @@ greedy speculative at equal work (bench decode's run_bench: 128 tokens per reque
 
     format         folder                                                    how it loads
     converted      specsample convert (ONNX Attention over a masked cache)   as it is
-    converted-gqa  specsample convert --attention gqa                        as it is (one prompt per call)
+    converted-gqa  specsample convert --attention gqa                        as it is (one prompt at a time:
+                                                                             a batch runs prompt by prompt)
     builder        converted-gqa laid out as ONNX Runtime GenAI's builder     rewritten once for fixed bindings
-                   writes it (models/tool_layouts.builder_folder)             (one prompt per call)
+                   writes it (models/tool_layouts.builder_folder)             (one prompt at a time)
     optimum        the checkpoint's weights as optimum exports them           converted once into the cache
                    (models/tool_layouts.optimum_export, external data)
 
@@ -29,9 +30,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-ONE_PROMPT = ("converted-gqa", "builder")   # ONNX Runtime's GroupQueryAttention: S > 1 over a past at B = 1 only
-
 
 def build_formats(work: Path, pair: str, seed: int = 0) -> dict[str, tuple[Path, Path]]:
     """{format: (target, draft)} under work, each built once (a folder is complete once it exists)."""
@@ -68,9 +66,12 @@ def bench_format(target: Path, draft: Path, batches, seeds: int, max_new_tokens:
     from specsample_cupy.bench.decode import DEFAULT_PROMPTS, prompt_set, prompts_for, run_bench
     from specsample_cupy.cli.decode import load_decoder
 
+    from specsample_cupy.decode.one_at_a_time import one_prompt_reason
+
     start = time.perf_counter()
     decoder = load_decoder(target, draft, "cuda")
-    report = {"first_load_s": time.perf_counter() - start, "cuda_graphs": decoder.cuda_graphs, "runs": []}
+    report = {"first_load_s": time.perf_counter() - start, "cuda_graphs": decoder.cuda_graphs,
+              "one_prompt_at_a_time": one_prompt_reason(decoder, True), "runs": []}
     prompts = prompt_set(batches, DEFAULT_PROMPTS)
     for batch in batches:
         rows = run_bench(decoder, lambda seed, batch=batch: prompts_for(prompts, batch, seed), methods=["greedy"],
@@ -126,9 +127,8 @@ def main():
               "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "formats": {},
               "command": "python benchmarks/formats.py " + " ".join(sys.argv[1:])}
     for fmt in args.formats.split(","):
-        fmt_batches = [b for b in batches if b == 1 or fmt not in ONE_PROMPT]
         try:
-            report["formats"][fmt] = bench_format(*folders[fmt], fmt_batches, args.seeds, args.max_new_tokens, gammas)
+            report["formats"][fmt] = bench_format(*folders[fmt], batches, args.seeds, args.max_new_tokens, gammas)
         except Exception as exc:  # noqa: BLE001 - a format that fails is reported, the others still run
             report["formats"][fmt] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}", "runs": []}
         print(fmt, {k: v for k, v in report["formats"][fmt].items() if k != "runs"}, flush=True)
