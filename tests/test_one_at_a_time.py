@@ -89,3 +89,14 @@ def test_float16_builder_folders_decode_on_the_cpu(tmp_path):
     out = decoder.generate(PROMPTS, gamma=3, method="greedy", **args)
     assert out.stats["loop"] == "host" and out.stats["one_prompt_at_a_time"]
     assert out.token_ids == [decoder.generate([p], gamma=0, method="target", **args).token_ids[0] for p in PROMPTS]
+
+
+def test_logprobs_and_stop_strings_follow_each_request(decoder):
+    args = dict(max_new_tokens=10, gamma=3, method="exact", temperature=1.0, ignore_eos=True, seed=5, logprobs=True)
+    out = decoder.generate(PROMPTS, **args)
+    assert [len(lp) for lp in out.logprobs] == [len(ids) for ids in out.token_ids]
+    stop = out.texts[1][2:4]   # a piece of request 1's text: it stops there, the others need not
+    cut = decoder.generate(PROMPTS, stop=[stop], **args)
+    alone = decoder.generate([PROMPTS[1]], stop=[stop], **{**args, "seed": out.stats["seeds"][1]})
+    assert cut.finish_reasons[1] == "stop" and cut.texts[1] == alone.texts[0]
+    assert cut.logprobs[1] == alone.logprobs[0]
