@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+
 def build_formats(work: Path, pair: str, seed: int = 0) -> dict[str, tuple[Path, Path]]:
     """{format: (target, draft)} under work, each built once (a folder is complete once it exists)."""
     import numpy as np

@@ -16,6 +16,7 @@ from specsample_cupy.convert.checkpoint import Checkpoint
 from specsample_cupy.convert.families import llama_shape
 from specsample_cupy.convert.numpy_forward import llama_logits
 
+
 def optimum_export(hf, dst, **kw):
     """models.tool_layouts.optimum_export with both node forms real exports mix: layer 0's down_proj as
     a Gemm with transB, layer 1's o_proj under a doubled "/model/model" path."""

@@ -309,6 +309,7 @@ def test_a_round_is_counted_once_in_the_cache_capacity(decoder):
     caches by its extra drafts once (not twice), and the room beyond the width covers the slack and
     the device loop's two rounds in flight."""
     from specsample_cupy.decode.call_loops import new_caches
+
     class Recording:
         has_position_ids = True
 

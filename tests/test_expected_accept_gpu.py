@@ -93,4 +93,3 @@ def test_loops_report_expected_acceptance_to_auto_gamma(request, loop, temperatu
         acc_total += rnd.accepted[live].sum()
         var += tried[live].sum() / 4
     assert abs(acc_total - exp_total) <= 5 * np.sqrt(var), (acc_total, exp_total, var)
-

@@ -5,6 +5,7 @@ import pytest
 
 from specsample_cupy import verify
 
+
 def _inputs(seed, B=40, G=4, V=300, dtype=np.float32):
     rng = np.random.default_rng(seed)
     target = (rng.normal(size=(B, G + 1, V)) * 2).astype(np.float32)

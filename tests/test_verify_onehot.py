@@ -12,7 +12,6 @@ DRAWS = 200_000
 P_MIN = 1e-4
 
 
-
 def _host(a):
     return np.asarray(a.get() if hasattr(a, "get") else a)
 

@@ -27,8 +27,6 @@ def _backend(name):
     return cupy
 
 
-
-
 def _run(xp, tokens, draft, target, **kw):
     res = verify(xp.asarray(tokens.astype(np.int32)), xp.asarray(draft), xp.asarray(target), **kw)
     out = res.tokens

@@ -79,4 +79,3 @@ class OnnxCheckpoint(TensorFolder):
         init, transposed = where
         array = numpy_helper.to_array(self._inits[init], base_dir=str(self.folder))
         return np.ascontiguousarray(array.T) if transposed else array
-

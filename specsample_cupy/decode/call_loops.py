@@ -13,7 +13,7 @@ def new_caches(dec, req, sessions, gamma_cap, columns: int | None = None):
     the width of req's sequences, which already leave a round's gamma_cap + 2 columns beyond the
     budget) and room beyond them: the slack of rolled-back columns tolerated before a compaction,
     and at least the two rounds of gamma_cap + 1 columns the device loop may have in flight
-    (decode_device's compaction keeps that room). Counting a round once, not twice, keeps an
+    (device_loop's compaction keeps that room). Counting a round once, not twice, keeps an
     automatic gamma's cache (gamma_cap 12) the size of a fixed gamma's after rounding
     (sessions_static.CAPACITY_ROUND): a static cache's every run attends over its whole capacity.
     Without a position_ids input a model numbers tokens by cache column, so its cache may hold no
@@ -26,10 +26,11 @@ def new_caches(dec, req, sessions, gamma_cap, columns: int | None = None):
     capacity = (req.seq.shape[1] if columns is None else columns) + max(kv_slack, 2 * (gamma_cap + 1))
     return [s.new_cache(req.batch, capacity, kv_slack) for s in sessions]
 
+
 def call_rounds(dec, req, caches, policy, method, temperature, seed, request_seeds, clock, auto_state=None,
                 truncation=None, logprobs=False):
     """The loop that runs this call's rounds, and None or why it is not the device loop.
-    request_seeds: each request's seed, keying its own random stream (decode_host.RequestStreams;
+    request_seeds: each request's seed, keying its own random stream (host_loop.RequestStreams;
     every request joins at round 0), or None: the call's seed, each request drawing by its row
     (method "baseline", whose numbers come from one generator). auto_state: what earlier calls of
     this kind measured, for an automatic gamma policy."""
@@ -54,8 +55,8 @@ def call_rounds(dec, req, caches, policy, method, temperature, seed, request_see
             with dec._on_stream():
                 warps = build_warps(cupy, req.batch, dec.target.vocab_size, temperature, **truncation)
         return DeviceRounds(dec, req, target_cache, draft_cache, policy=policy, method=method,
-                                          temperature=temperature, seed=seed, clock=clock, warps=warps,
-                                          logprobs=logprobs, streams=streams), None
+                            temperature=temperature, seed=seed, clock=clock, warps=warps,
+                            logprobs=logprobs, streams=streams), None
     if auto_state is not None:
         policy.load(auto_state)
         policy.choose()
@@ -63,8 +64,9 @@ def call_rounds(dec, req, caches, policy, method, temperature, seed, request_see
                       temperature=temperature, seed=seed, clock=clock, truncation=truncation,
                       logprobs=logprobs, streams=streams), why_not
 
+
 def why_not_device_loop(dec, speculative: bool, gamma_cap: int) -> str | None:
-    """None when this call runs the device loop (decode_device), else why it does not."""
+    """None when this call runs the device loop (device_loop.py), else why it does not."""
     if dec.device != "cuda":
         return "cpu"
     if not dec.device_rounds:

@@ -45,9 +45,9 @@ def graph_refusals() -> tuple:
 
 
 def open_session(dec, spec, role, device_id, cuda_graphs):
-    """Decoder dec's session for one model: a StaticDecoderSession (fixed bindings, CUDA-graph replay) where the device and the model allow
-    it; the same bindings without graphs for a model ONNX Runtime will not capture (nodes on the
-    CPU); else a DecoderSession. dec.cuda_graphs[role] says whether runs are captured, or why not."""
+    """Decoder dec's session for one model: a StaticDecoderSession (fixed bindings, CUDA-graph replay)
+    where the device and the model allow it; the same bindings without graphs for a model ONNX Runtime
+    will not capture (nodes on the CPU); else a DecoderSession. dec.cuda_graphs[role] says whether runs are captured, or why not."""
     if dec.device == "cuda" and cuda_graphs:
         try:
             session = StaticDecoderSession(spec, dec.device, dec.stream, device_id)
@@ -66,6 +66,7 @@ def open_session(dec, spec, role, device_id, cuda_graphs):
     else:
         dec.cuda_graphs[role] = "off" if dec.device == "cuda" else "cpu"
     return DecoderSession(spec, dec.device, dec.stream, device_id, cpu_threads=dec.cpu_threads)
+
 
 def _open_converted(dec, spec, role, device_id):
     """For an ONNX export the converter reads (optimum's, of a Llama-family model) whose own graph

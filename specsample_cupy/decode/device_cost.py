@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+
 class DeviceCost:
     """AutoGamma's cost of a device round of gamma drafts: the model runs' GPU time measured by replaying
     the captured graphs (calibrate_model_costs), plus what the rounds read so far took beyond it

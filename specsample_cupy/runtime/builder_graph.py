@@ -70,15 +70,15 @@ def for_fixed_bindings(onnx_path, cache_root: Path | None = None) -> tuple[Path,
     onnx_path = Path(onnx_path)
     if not (onnx_path.parent / "genai_config.json").exists():
         return onnx_path, None
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    if _needs_rewrite(model.graph) is None:
-        return onnx_path, None
     folder = derived_folder("graphs", onnx_path)
     if cache_root is not None:
         folder = Path(cache_root) / folder.name
     out = folder / onnx_path.name
-    if out.exists():
+    if out.exists():   # rewritten before (the key follows the source file): no need to read it again
         return out, onnx_path.parent
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    if _needs_rewrite(model.graph) is None:
+        return onnx_path, None
     rewrite(model)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / (onnx_path.name + ".tmp")

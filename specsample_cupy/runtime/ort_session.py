@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+
 @functools.lru_cache(maxsize=None)
 def cuda_status() -> tuple[bool, str]:
     """(usable, why not): whether CuPy sees a CUDA device and ONNX Runtime has its CUDA execution provider.
@@ -102,12 +103,10 @@ def _inference_session(path: Path, device: str, stream, device_id: int, cuda_gra
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    if weights_dir is not None:
-        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(weights_dir))
     if device == "cpu":
         if cpu_threads:
             options.intra_op_num_threads, options.inter_op_num_threads = int(cpu_threads), 1
-        return _create_session(ort, path, options, ["CPUExecutionProvider"], weights_dir is not None)
+        return _create_session(ort, path, options, ["CPUExecutionProvider"], weights_dir)
     _preload_cuda_libraries(ort)
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise RuntimeError("device='cuda' needs onnxruntime-gpu (CUDAExecutionProvider is not available)")
@@ -117,17 +116,20 @@ def _inference_session(path: Path, device: str, stream, device_id: int, cuda_gra
     if cuda_graph:
         cuda["enable_cuda_graph"] = "1"
     return _create_session(ort, path, options, [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"],
-                           weights_dir is not None)
+                           weights_dir)
 
 
-def _create_session(ort, path: Path, options, providers, from_bytes: bool = False):
+def _create_session(ort, path: Path, options, providers, weights_dir: Path | None = None):
     """ort.InferenceSession, with a model file it cannot load reported as ValueError naming the file
     (open_session_error). ONNX Runtime prints its provider-fallback notices with print(); they go to
-    stderr so that stdout keeps only what the command writes there. from_bytes: load the file's bytes
-    (ONNX Runtime reads the external-data folder option only for a model given in memory)."""
+    stderr so that stdout keeps only what the command writes there. weights_dir: the model's bytes are
+    loaded with that folder as the place of its external data (ONNX Runtime reads that option only for
+    a model given in memory)."""
+    if weights_dir is not None:
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(weights_dir))
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            model = Path(path).read_bytes() if from_bytes else str(path)
+            model = str(path) if weights_dir is None else Path(path).read_bytes()
             return ort.InferenceSession(model, options, providers=providers)
     except onnx_load_errors() as exc:
         error = open_session_error(path, exc)

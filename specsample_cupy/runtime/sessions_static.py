@@ -102,7 +102,8 @@ class StaticKVCache(KVCache):
         super().__init__(session.xp, len(session.cache_names), plan.batch, session.n_kv_heads, session.head_dim,
                          session.kv_dtype, plan.capacity, slack=plan.capacity, stream=session.stream,
                          buffers=[plan.cache])
-        self.shared = getattr(session, "shared_buffer", False)   # keys/values sit at each row's count: a compaction moves none
+        # A shared buffer's keys and values sit at each row's count: a compaction moves none.
+        self.shared = getattr(session, "shared_buffer", False)
 
     def past(self):
         return self._tensors(0, self.capacity)
@@ -148,7 +149,6 @@ class _Step:
         self.ids = self.feed[:B * S].reshape(B, S)
         self.logits = cupy.empty((B, S, session.vocab_size), session.logits_dtype)
         n, H, D = len(session.cache_names), session.n_kv_heads, session.head_dim
-        # The present outputs packed back to back: [n * B * H, C + S, D] rows for the commit copy.
         past = plan.cache.reshape(n, B, H, C, D)
         # The present outputs packed back to back: [n * B * H, C + S, D] rows for the commit copy; or
         # the cache itself (a shared buffer).
@@ -308,4 +308,3 @@ class StaticDecoderSession(DecoderSession):
     def last_binding(self):
         step = self._keep_alive[0]
         return step.binding, step.logits
-

@@ -43,4 +43,3 @@ class StepRecorder:
                                      f"{self.context_length}, leaving no room to generate")
             return ids
         return super().encode_prompts(prompts)
-
