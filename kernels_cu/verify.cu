@@ -26,6 +26,14 @@
 //                      The last P2 block of request b (atomic counter) reduces the slice winners
 //                      and writes accepted / emitted / tokens / error, then zeroes the request's
 //                      counters.
+// The walk order (exact, probabilities and greedy at large batches, where the grid is full and rows
+// past a request's first rejection would be wasted bandwidth): the P1 items run position by position
+// across the batch, target row i and draft row i of every request, then the P2 items. A P1 item at
+// position i > 0 first waits until its request's position i - 1 is decided, and skips its row if
+// verification stopped there or before; the last slice of position i's rows to arrive decides it
+// (the first_rejection() rule for one position) and publishes the stop. P2 then reads the stop and
+// combines only the rows at n. With random drafts most requests read two rows instead of 2 gamma + 1;
+// with every draft accepted the positions follow one another, each across the whole grid.
 // SS_MODE_MIN_P (min-p truncation alone, fused): a P1 slice of one register load group (small
 // batches) is kept in registers while the row's slices agree on its maximum M (each publishes its
 // own through an atomic max on order-preserving keys and counts itself in on a per-row counter,
@@ -44,11 +52,11 @@
 // moments before by P1, so its re-read hits L2 (the sigmoid methods read it only here).
 //
 // Progress does not depend on how many blocks are resident (another kernel on another stream,
-// MPS, a grid larger than the GPU holds): the only waits are P2 items waiting for P1 items of the
-// same request, which come earlier in the item order and so
-// hold smaller tickets. A ticket is only ever held by a block that is running, and a P1 item never
-// waits but for a bounded time (min-p's agreement), so every awaited item is in progress and
-// finishes. Nothing waits for a P2 item. The
+// MPS, a grid larger than the GPU holds). The only unbounded waits are P2 items waiting for P1 items
+// of the same request and, in the walk order, P1 items waiting for their request's previous
+// position: both wait for items earlier in the order, which hold smaller tickets. A ticket is only
+// ever held by a block that is running, and min-p's agreement waits a bounded time, so by induction
+// on the ticket every awaited item is in progress and finishes. Nothing waits for a P2 item. The
 // ticket counter, like the per-request counters, is left at zero (the block that takes the last
 // ticket resets it), so a call needs no memset.
 #include "codes.cuh"
@@ -159,6 +167,12 @@ struct Verifier {
   int B, G, V, S1, C1, S2, C2, R;
   int *req_ctr, *fin_ctr, *err, *part, *cand;
   int* err_row;       // [B * R] P1's value-error bits per row (the truncated modes use err [B])
+  // The walk order (exact, probabilities, greedy at large batches; see the header): per request,
+  // positions decided so far (G + 1 once it stopped), the stop (n + 1; 0: none yet), and per
+  // position the arrivals of its rows' slices.
+  bool walk;
+  int *pos_ctr, *stop_n, *pos_cnt;
+  __device__ __forceinline__ bool walking() const { return (MODE == SS_MODE_LOGITS || MODE == SS_MODE_PROBS) && walk; }
   SoftmaxStat* rows;  // shared: the combined statistics of every row of the current P2 request
   const float* record;  // SS_MODE_WARPED: warp_rows_kernel's record of every row (warp_record.cuh)
   const float* span;    // SS_MODE_MIN_P: [B] min-p spans (raw logit units, temperature included)
@@ -488,7 +502,9 @@ struct Verifier {
     const Request rq = request(b);
     const bool is_target = r <= G;
     const int i = is_target ? r : r - G - 1;
-    if (row_active(rq, is_target, i)) {
+    bool active = row_active(rq, is_target, i);
+    if (walking() && active && i > 0) active = !stopped_before(b, i, sh);
+    if (active) {
       SoftmaxStat st = {-SS_INF, 0.f, 0x7fffffff};
       bool bad = false;
       const int lo = s * C1, hi = min(V, lo + C1);
@@ -508,10 +524,73 @@ struct Verifier {
         st = block_reduce(st, Combine(), red);
         if (threadIdx.x == 0) store_stat(part + ((long long)(b * R + r) * S1 + s) * 3, st);
       }
+      if (walking()) arrive_at_position(b, i, rq, sh);
     }
     // Only thread 0 wrote; its fence publishes the partial before the count that announces it.
     if (threadIdx.x == 0) {
       publish_add(req_ctr + b, 1);
+    }
+  }
+
+  // ---- The walk order: positions decided one after another ------------------------------------
+  // Waits until request b's position i - 1 is decided; true when verification stopped before i
+  // (this item's row is then never read). Warp 0 spins as wait_rows does.
+  __device__ __forceinline__ bool stopped_before(int b, int i, int* sh) const {
+    if (threadIdx.x < 32) {
+      int ready;
+      do {
+        ready = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? poll(pos_ctr + b) : 0, 0);
+        if (ready < i) __nanosleep(32);
+      } while (ready < i);
+      __threadfence();
+      if (threadIdx.x == 0) sh[0] = __ldcg(stop_n + b);
+    }
+    __syncthreads();
+    const int stop = sh[0];
+    return stop != 0 && stop - 1 < i;
+  }
+
+  // After this item's partial: the last slice of position i's rows (target row i, draft row i where
+  // it is read) to arrive decides the position, as first_rejection() would (an id outside [0, V),
+  // invalid rows, a rejection: stop), and publishes it: positions decided, or G + 1 and the stop.
+  // Position L (the bonus row) has nothing to decide.
+  __device__ __forceinline__ void arrive_at_position(int b, int i, const Request& rq, int* sh) const {
+    const int rows_here = 1 + (row_active(rq, false, i) ? 1 : 0);
+    if (threadIdx.x == 0) sh[2] = publish_add(pos_cnt + (long long)b * (G + 1) + i, 1) == rows_here * S1 - 1;
+    __syncthreads();
+    if (!sh[2]) return;
+    const int warp = threadIdx.x >> 5;
+    if (warp < rows_here) combine_row(b, warp == 0 ? i : G + 1 + i, threadIdx.x & 31);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      bool stop = false;
+      if (i < rq.L) {
+        const Gathered g = gather(b, i, rq);
+        stop = !g.in_range || position_bits(b, rq, i) != 0 || !accepts(b, i, g, rq);
+      }
+      if (stop) stop_n[b] = i + 1;
+      __threadfence();
+      atomicExch(pos_ctr + b, stop ? G + 1 : i + 1);
+    }
+  }
+
+  // P2 in the walk order: the stop n is known once every P1 item of b is counted; only the rows
+  // at n are combined. Every id among the first L drafts is range-checked (first_rejection's rule).
+  __device__ __forceinline__ void walk_outcome(int b, const Request& rq, int* s_n, int* s_err) const {
+    wait_rows(b);
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      const int stop = __ldcg(stop_n + b);
+      const int n = stop ? stop - 1 : rq.L;
+      combine_row(b, n, lane);
+      if (row_active(rq, false, n)) combine_row(b, G + 1 + n, lane);
+      int errs = rq.errs;
+      for (int i = lane; i < rq.L; i += 32) {
+        const long long x = (long long)draft_tokens[(long long)b * G + i];
+        if (x < 0 || x >= V) errs |= SS_ERR_TOKEN;
+      }
+      errs = __reduce_or_sync(0xffffffffu, errs);
+      if (lane == 0) { *s_n = n; *s_err = errs; }
     }
   }
 
@@ -585,15 +664,26 @@ struct Verifier {
       } else if (MODE == SS_MODE_MIN_P && !rq.greedy) {
         if (lane == 0) st = load_stat(part + (long long)(b * R + r) * S1 * 3);   // combine_kept's, by P1
       } else {
-        const int* rp = part + (long long)(b * R + r) * S1 * 3;
-        for (int k = lane; k < S1; k += 32) st = Combine()(st, load_stat(rp + 3 * k));
-        st = warp_reduce(st, Combine());
+        st = slices_stat(b, r, lane);
       }
       if (lane == 0) {
         rows[r] = st;
         if (MODE == SS_MODE_PROBS ? !(st.s > 0.f) : st.m == -SS_INF) *no_mass = 1;
       }
     }
+  }
+
+  // One warp: row r's statistics from its P1 slices' partials (every lane gets them).
+  __device__ __forceinline__ SoftmaxStat slices_stat(int b, int r, int lane) const {
+    SoftmaxStat st = {-SS_INF, 0.f, 0x7fffffff};
+    const int* rp = part + (long long)(b * R + r) * S1 * 3;
+    for (int k = lane; k < S1; k += 32) st = Combine()(st, load_stat(rp + 3 * k));
+    return warp_reduce(st, Combine());
+  }
+  // One warp: row r's statistics into shared memory (the walk order's rows at one position).
+  __device__ __forceinline__ void combine_row(int b, int r, int lane) const {
+    const SoftmaxStat st = slices_stat(b, r, lane);
+    if (lane == 0) rows[r] = st;
   }
 
   // Waits for request b's P1 items and combines its rows; sh[4] = no mass. Every thread calls it.
@@ -725,12 +815,16 @@ struct Verifier {
 
   __device__ __forceinline__ void phase2(int b, int s, RaceBest* red, int* sh) const {
     const Request rq = request(b);
-    Gathered first = {0, 0.f, 0.f, 0.f, 0.f, 0.f, false};
-    if (threadIdx.x < 32) first = gather(b, threadIdx.x, rq);
-    // The sigmoid methods have no P1 items: acceptance needs the token logits alone, and the rows at
-    // n are checked here, in the race's own pass over them.
-    if constexpr (!is_sigmoid(MODE)) gather_rows(b, rq, sh);
-    first_rejection(b, rq, first, sh + 0, sh + 1);
+    if (walking()) {
+      walk_outcome(b, rq, sh + 0, sh + 1);
+    } else {
+      Gathered first = {0, 0.f, 0.f, 0.f, 0.f, 0.f, false};
+      if (threadIdx.x < 32) first = gather(b, threadIdx.x, rq);
+      // The sigmoid methods have no P1 items: acceptance needs the token logits alone, and the rows
+      // at n are checked here, in the race's own pass over them.
+      if constexpr (!is_sigmoid(MODE)) gather_rows(b, rq, sh);
+      first_rejection(b, rq, first, sh + 0, sh + 1);
+    }
     __syncthreads();
     const int n = sh[0];
     const bool bonus = n >= rq.L;
@@ -889,6 +983,10 @@ struct Verifier {
       fin_ctr[b] = 0;
       req_ctr[b] = 0;
       err[b] = 0;
+      if (walking()) { pos_ctr[b] = 0; stop_n[b] = 0; }
+    }
+    if (walking()) {
+      for (int i = threadIdx.x; i <= G; i += SS_THREADS) pos_cnt[(long long)b * (G + 1) + i] = 0;
     }
     if constexpr (!is_sigmoid(MODE)) {   // every P1 item of b is done with them (they counted in)
       for (int r = threadIdx.x; r < R; r += SS_THREADS) {
@@ -905,13 +1003,21 @@ struct Verifier {
   }
 };
 
+// Every block ends on exactly one ticket past the last item; the block holding the very last ticket
+// is the last to touch the counter, and leaves it at zero for the next launch.
+__device__ __forceinline__ bool past_last_item(long long item, long long total, unsigned* ticket) {
+  if (item < total) return false;
+  if (threadIdx.x == 0 && item == total + gridDim.x - 1) atomicExch(ticket, 0u);
+  return true;
+}
+
 template <class T, class TOK, int VEC, int MODE>
 __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == SS_MODE_WARPED) ? 3 : 4) verify_kernel(
     const TOK* draft_tokens, const typename T::storage* draft, const typename T::storage* target,
     const int* lengths, const float* temps, float temp_scalar, int greedy_all,
     unsigned long long seed, const long long* seed_ptr, unsigned long long offset, const long long* offset_ptr,
     const long long* streams, float sig_offset, float sig_scale, unsigned race_purpose,
-    int B, int G, int V, int S1, int C1, int S2, int C2, int lag_requests,
+    int B, int G, int V, int S1, int C1, int S2, int C2, int lag_requests, int walk,
     int* ws, long long part_off, long long cand_off, const float* record, int* out) {
   __shared__ SoftmaxStat red_stat[SS_WARPS];
   __shared__ RaceBest red_race[SS_WARPS];
@@ -938,23 +1044,44 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
   v.row_key = reinterpret_cast<unsigned*>(ws + 3 * B + 1 + B * R);
   v.row_cnt = ws + 3 * B + 1 + 2 * B * R;
   v.row_wait = (int)gridDim.x >= S1;
+  v.walk = walk != 0;   // the walk order's counters follow the per-row error bits (no min-p ones)
+  v.pos_ctr = ws + 3 * B + 1 + B * R;
+  v.stop_n = v.pos_ctr + B;
+  v.pos_cnt = v.stop_n + B;
   v.accepted = out; v.emitted = out + B; v.error = out + 2 * B; v.tokens = out + 3 * B;
   unsigned* ticket = reinterpret_cast<unsigned*>(ws + 3 * B);
 
-  // Item order: group g holds the P1 items of request g, then the P2 items of request g - lag.
-  // The lag (in requests, about a wave of the grid) lets a request's rows finish before blocks
-  // reach its P2 items, so they rarely wait; every P2 item still follows its request's P1 items.
+  // Item order. The walk order (exact, probabilities, greedy at large batches): position by
+  // position across the batch (target row i and draft row i of request 0, of request 1, ...;
+  // position G: target rows only), then every request's P2 items; a P1 item waits for its
+  // request's previous position (smaller tickets) and skips its row once verification stopped.
+  const long long p1 = (long long)B * R * S1, total = p1 + (long long)B * S2;
+  if (v.walking()) {
+    const long long per_pos = 2LL * B * S1;
+    for (;;) {
+      const long long item = take_ticket(ticket, sh + 5);
+      if (past_last_item(item, total, ticket)) return;
+      if (item < p1) {
+        const int i = (int)(item / per_pos);
+        const int per_req = i < G ? 2 * S1 : S1;
+        const int j = (int)(item - i * per_pos);
+        const int k = j % per_req;
+        v.phase1(j / per_req, k < S1 ? i : G + 1 + i, k % S1, red_stat, sh);
+      } else {
+        v.phase2((int)((item - p1) / S2), (int)((item - p1) % S2), red_race, sh);
+      }
+      __syncthreads();  // shared flags and the ticket slot are reused by the next item
+    }
+  }
+  // Otherwise group g holds the P1 items of request g, then the P2 items of request g - lag. The
+  // lag (in requests, about a wave of the grid) lets a request's rows finish before blocks reach
+  // its P2 items, so they rarely wait; every P2 item still follows its request's P1 items.
   const long long A = (long long)R * S1;
   const int lag = min(lag_requests, B);
-  const long long region_a = lag * A, region_b = (B - lag) * (A + S2), total = region_a + region_b + (long long)lag * S2;
+  const long long region_a = lag * A, region_b = (B - lag) * (A + S2);
   for (;;) {
     const long long item = take_ticket(ticket, sh + 5);
-    if (item >= total) {
-      // Every block ends on exactly one ticket past the last item; the block holding the very last
-      // ticket is the last to touch the counter, and leaves it at zero for the next launch.
-      if (threadIdx.x == 0 && item == total + gridDim.x - 1) atomicExch(ticket, 0u);
-      return;
-    }
+    if (past_last_item(item, total, ticket)) return;
     int b;
     long long k;
     bool first_phase;

@@ -1,7 +1,8 @@
 """Exactness of the kernel at realistic vocabularies, with the work split across blocks.
 
 For each configuration the launch plan is forced (kernels.PlanOptions) to several vocabulary slices
-per row (P1) and several P2 blocks per request, so the statistics are combined across blocks and the
+per row (P1) and several P2 blocks per request, in both item orders (all rows, and the walk that
+stops at each request's first rejection), so the statistics are combined across blocks and the
 race is won across blocks. Two checks per configuration:
 
 * chi-square: every request shares one target/draft pair; the draft proposes x_i ~ q_i (sampled on
@@ -37,10 +38,10 @@ CONFIGS = {
 }
 
 
-def _plan(cfg):
+def _plan(cfg, walk):
     from specsample_cupy.verification.kernel_launch import PlanOptions
     V, dtype, p1, p2, T, G = CONFIGS[cfg]
-    return PlanOptions(p1_sweeps=p1, p2_sweeps=p2)
+    return PlanOptions(p1_sweeps=p1, p2_sweeps=p2, walk=walk)
 
 
 def _expected_slices(cfg):
@@ -58,16 +59,17 @@ def _cast(a, dtype):
     return cast, cast.astype(np.float32)
 
 
-def _check_plan(cfg, tokens, draft, target):
+def _check_plan(cfg, walk, tokens, draft, target):
     from specsample_cupy.verification.kernel_launch import MODE_LOGITS, plan_info
     V, dtype, *_ = CONFIGS[cfg]
-    info = plan_info(tokens, draft, target, dtype_name=dtype, mode=MODE_LOGITS, options=_plan(cfg))
-    assert (info["S1"], info["S2"]) == _expected_slices(cfg), info
+    info = plan_info(tokens, draft, target, dtype_name=dtype, mode=MODE_LOGITS, options=_plan(cfg, walk))
+    assert (info["S1"], info["S2"], info["walk"]) == (*_expected_slices(cfg), walk), info
     assert info["S1"] > 1 and info["S2"] > 1
 
 
+@pytest.mark.parametrize("walk", [False, True], ids=["all-rows", "walk"])
 @pytest.mark.parametrize("cfg", list(CONFIGS))
-def test_first_token_chi_square_with_forced_slices(cfg):
+def test_first_token_chi_square_with_forced_slices(cfg, walk):
     import cupy as cp
     V, dtype, p1, p2, T, G = CONFIGS[cfg]
     rng = np.random.default_rng(1000 + list(CONFIGS).index(cfg))
@@ -82,13 +84,13 @@ def test_first_token_chi_square_with_forced_slices(cfg):
     lengths = cp.asarray(rng.integers(0, G + 1, (CALLS, BATCH)).astype(np.int32))
     t_all = cp.ascontiguousarray(cp.broadcast_to(cp.asarray(t_dev), (BATCH, G + 1, V)))
     d_all = cp.ascontiguousarray(cp.broadcast_to(cp.asarray(d_dev), (BATCH, G, V)))
-    _check_plan(cfg, tokens[0], d_all, t_all)
+    _check_plan(cfg, walk, tokens[0], d_all, t_all)
     first = cp.empty((CALLS, BATCH), cp.int32)
     accepted = cp.empty((CALLS, BATCH), cp.int32)
     errs = cp.zeros(BATCH, cp.int32)
     for c in range(CALLS):
         res = verify(tokens[c], d_all, t_all, temperature=T, seed=31, offset=c, draft_lengths=lengths[c],
-                     plan=_plan(cfg))
+                     plan=_plan(cfg, walk))
         first[c] = res.tokens[:, 0]
         accepted[c] = res.accepted
         errs |= res.error
@@ -102,8 +104,9 @@ def test_first_token_chi_square_with_forced_slices(cfg):
     assert pvalue >= P_MIN, f"{cfg}: chi-square p-value {pvalue:.2e}"
 
 
+@pytest.mark.parametrize("walk", [False, True], ids=["all-rows", "walk"])
 @pytest.mark.parametrize("cfg", list(CONFIGS))
-def test_kernel_matches_reference_per_configuration(cfg):
+def test_kernel_matches_reference_per_configuration(cfg, walk):
     import cupy as cp
     V, dtype, p1, p2, T, G = CONFIGS[cfg]
     B = 64 if V > 100_000 else 128
@@ -113,8 +116,8 @@ def test_kernel_matches_reference_per_configuration(cfg):
     d_dev, d_host = _cast(draft, dtype)
     t_dev, t_host = _cast(target, dtype)
     args = (cp.asarray(tokens.astype(np.int32)), cp.asarray(d_dev), cp.asarray(t_dev))
-    _check_plan(cfg, *args)
-    gpu = verify(*args, temperature=T, seed=8, offset=2, draft_lengths=cp.asarray(lengths), plan=_plan(cfg))
+    _check_plan(cfg, walk, *args)
+    gpu = verify(*args, temperature=T, seed=8, offset=2, draft_lengths=cp.asarray(lengths), plan=_plan(cfg, walk))
     cpu = verify(tokens, d_host, t_host, temperature=T, seed=8, offset=2, draft_lengths=lengths)
     assert (gpu.error.get() == 0).all() and (cpu.error == 0).all()
     same = (gpu.accepted.get() == cpu.accepted) & (gpu.tokens.get() == cpu.tokens).all(1)

@@ -69,6 +69,9 @@ class PlanOptions:
         request likewise; None sizes them from the occupancy.
     lag_waves: how far, in waves of the grid, a request's P2 items follow its P1 items in the item
         order (so P2 blocks rarely wait); 0 puts them right after.
+    walk: exact, probabilities and greedy verification in the walk order (position by position,
+        skipping the rows past a request's stop; verify.cu's header): True, False, or None to walk
+        where one position's rows of the batch fill the grid (WALK_FILL).
     grid: blocks launched; None launches min(work items, blocks resident at once). Any value is
         correct: work is handed out in order from a ticket counter, so extra blocks only queue and
         a single block does everything in turn. Changing it never changes the result.
@@ -79,6 +82,7 @@ class PlanOptions:
     p1_sweeps: int | None = None
     p2_sweeps: int | None = None
     lag_waves: float = 4.0
+    walk: bool | None = None
     grid: int | None = None
     lineinfo: bool = False
 
@@ -93,6 +97,8 @@ class PlanOptions:
             raise ValueError(f"PlanOptions.min_sweeps ({self.min_sweeps}) > max_sweeps ({self.max_sweeps})")
         if not (isinstance(self.lag_waves, (int, float)) and 0 <= self.lag_waves < float("inf")):
             raise ValueError(f"PlanOptions.lag_waves must be finite and >= 0, got {self.lag_waves!r}")
+        if self.walk is not None and not isinstance(self.walk, bool):
+            raise ValueError(f"PlanOptions.walk must be None or a bool, got {self.walk!r}")
         if not isinstance(self.lineinfo, bool):
             raise ValueError(f"PlanOptions.lineinfo must be a bool, got {self.lineinfo!r}")
 
@@ -166,13 +172,18 @@ class _Plan:
         capacity = _resident_blocks(device_id, name, opts.lineinfo, self.shared_bytes)
         sweep = THREADS * vec
         sweeps = -(-V // sweep)
-        C1 = sweep * (opts.p1_sweeps or _p1_sweeps(V, B * R, sweep, capacity, opts))
+        walk = mode in (MODE_LOGITS, MODE_PROBS) and (
+            opts.walk if opts.walk is not None else 2 * B * -(-V // MIN_ITEM_ELEMENTS) >= capacity)
+        if walk:   # one position's 2B rows in one wave of the grid
+            C1 = sweep * (opts.p1_sweeps or min(opts.max_sweeps, -(-sweeps // max(1, capacity // (2 * B)))))
+        else:
+            C1 = sweep * (opts.p1_sweeps or _p1_sweeps(V, B * R, sweep, capacity, opts))
         S1 = -(-V // C1)
         if mode in (MODE_WARPED, MODE_SIGMOID, MODE_SIGMOID_PAPER):
             S1 = 0   # warped: the statistics come from warp_rows.cu; sigmoid: P2 reads what it needs
         # P2: when P1 leaves part of the grid free, split the emitted rows over just that part,
-        # so no P2 item waits for a block.
-        spare = capacity - B * R * S1
+        # so no P2 item waits for a block (the walk order: P1 at one position).
+        spare = capacity - B * (2 if walk else R) * S1
         if opts.p2_sweeps:
             C2 = sweep * opts.p2_sweeps
         elif spare >= B:
@@ -187,20 +198,21 @@ class _Plan:
         lag = max(1, math.ceil(opts.lag_waves * auto_grid / per_request)) if opts.lag_waves > 0 else 0
         if items + grid >= 2 ** 31:
             raise ValueError(f"verify: {items} work items and {grid} blocks exceed the kernel's 31-bit ticket counter")
-        # [req B | fin B | err B | ticket | row errors B R | min-p: row max keys B R | row counts B R],
-        # partials
-        counters, part = 3 * B + 1 + B * R + (2 * B * R if mode == MODE_MIN_P else 0), B * R * S1 * 3
+        # [req B | fin B | err B | ticket | row errors B R | min-p: row max keys B R | row counts B R |
+        # walk: positions decided B | stops B | arrivals B (G + 1)], partials
+        extra = 2 * B * R if mode == MODE_MIN_P else (B * (G + 3) if walk else 0)
+        counters, part = 3 * B + 1 + B * R + extra, B * R * S1 * 3
         self.workspace = cupy.zeros(counters + part + B * S2 * CAND_INTS, dtype=cupy.int32)
         self.err_ptr = self.workspace.data.ptr + 4 * 2 * B      # the per-request error bits
         self.record = cupy.empty(B * R * WARP_RECORD, cupy.float32) if mode == MODE_WARPED else None
         self.grid, self.capacity = grid, capacity
-        self.S1, self.C1, self.S2, self.C2, self.lag = S1, C1, S2, C2, lag
+        self.S1, self.C1, self.S2, self.C2, self.lag, self.walk = S1, C1, S2, C2, lag, walk
         self.out_size = 3 * B + B * (G + 1)
         c = ctypes
         self.launch = kernel_runtime.Launch(self.kern, [
             c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_float(), c.c_int32(),
             c.c_uint64(), c.c_void_p(), c.c_uint64(), c.c_void_p(), c.c_void_p(), c.c_float(), c.c_float(),
-            c.c_uint32(), *(c.c_int32(v) for v in (B, G, V, S1, C1, S2, C2, lag)),
+            c.c_uint32(), *(c.c_int32(v) for v in (B, G, V, S1, C1, S2, C2, lag, walk)),
             c.c_void_p(self.workspace.data.ptr), c.c_int64(counters), c.c_int64(counters + part),
             ("record", c.c_void_p(0 if self.record is None else self.record.data.ptr)), ("out", c.c_void_p())])
         self.warp = _WarpRows(tag, vec, B, G, V, device_id, self.err_ptr, self.record) \
@@ -267,7 +279,7 @@ def plan_info(draft_tokens, draft, target, *, dtype_name, mode, options=None):
     resident at once), S1/C1 (P1 slices per row / their length), S2/C2 (P2 slices), lag)."""
     plan, _ = _plan(draft_tokens, draft, target, dtype_name, mode, options)
     return dict(grid=plan.grid, capacity=plan.capacity, S1=plan.S1, C1=plan.C1, S2=plan.S2, C2=plan.C2,
-                lag=plan.lag)
+                lag=plan.lag, walk=plan.walk)
 
 
 class _WarpRows:

@@ -1,0 +1,92 @@
+"""Exact verification in its two item orders (kernels_cu/verify.cu): every row at once, and the walk
+that decides position after position and skips the rows past each request's first rejection.
+
+Device µs per call (median of CUDA events over --reps calls queued behind a busy kernel, inputs
+rotated past L2; bench verify's harness), gamma = 5, per dtype, V and B, on three kinds of drafts:
+  random    uniformly random draft tokens (most requests reject at position 0);
+  sampled   draft tokens sampled from q = softmax(draft logits), draft = 0.8 target + noise (the
+            bench's logits; acceptance about what a fair draft model gets);
+  accepted  draft logits equal to the target's (every draft accepted: the walk's worst case).
+Each row also says which order the default plan picks (PlanOptions.walk None) and the mean
+accepted count.
+
+    python3 benchmarks/verify_walk.py [--batch 1,8,16,32,64] [--vocab 32000,151936] [--reps 30]
+                                      [--json FILE]
+"""
+import argparse
+import json
+
+import numpy as np
+
+from specsample_cupy import verify
+from specsample_cupy.bench.verify import InputRing, device_seconds, l2_bytes, random_set
+from specsample_cupy.verification import kernel_launch as kernels
+
+G = 5
+DRAFTS = ("random", "sampled", "accepted")
+
+
+def input_ring(cp, B, V, dtype, drafts):
+    """An InputRing of one (tokens, draft, target) set of this kind, copied past twice the L2."""
+    rs = cp.random.RandomState(0)
+    tokens, draft, target = random_set(cp, lambda shape: rs.standard_normal(shape, dtype=cp.float32),
+                                       lambda high, shape: rs.randint(0, high, shape), B, G, V, dtype)
+    if drafts == "accepted":
+        draft = cp.ascontiguousarray(target[:, :G])
+    if drafts in ("sampled", "accepted"):   # x ~ softmax(draft): the Gumbel-max trick
+        gumbel = -cp.log(-cp.log(rs.uniform(1e-12, 1.0, (B, G, V), dtype=cp.float32)))
+        tokens = (draft.astype(cp.float32) + gumbel).argmax(-1).astype(cp.int32)
+    per_set = B * (2 * G + 1) * V * np.dtype(dtype).itemsize
+    copies = int(max(1, -(-2 * l2_bytes(cp) // per_set)))
+    sets = [(tokens, draft, target)] + [tuple(a.copy() for a in (tokens, draft, target)) for _ in range(copies - 1)]
+    return InputRing(sets, 2 * l2_bytes(cp))
+
+
+def measure(cp, ring, walk, reps):
+    plan = kernels.PlanOptions(walk=walk)
+
+    def call(k):
+        return verify(*ring.next(), method="exact", seed=1, offset=k, plan=plan)
+    accepted = float(np.mean([call(k).accepted.get().mean() for k in range(3)]))
+    return device_seconds(cp, call, reps, per_call_s=400e-6) * 1e6, accepted
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", default="1,8,16,32,64")
+    ap.add_argument("--vocab", default="32000,151936")
+    ap.add_argument("--dtype", default="float32,float16")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import cupy as cp
+    gpu = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    rows = []
+    print(f"exact verification, gamma = {G}, {gpu}: device µs per call, all rows vs walk")
+    print("| dtype | V | B | drafts | mean accepted | all rows | walk | all rows / walk | default plan |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for dtype in args.dtype.split(","):
+        for V in (int(v) for v in args.vocab.split(",")):
+            for B in (int(b) for b in args.batch.split(",")):
+                for drafts in DRAFTS:
+                    ring = input_ring(cp, B, V, dtype, drafts)
+                    all_rows, accepted = measure(cp, ring, False, args.reps)
+                    walk, _ = measure(cp, ring, True, args.reps)
+                    tokens, draft, target = ring.next()
+                    default = kernels.plan_info(tokens, draft, target, dtype_name=dtype,
+                                                mode=kernels.MODE_LOGITS)["walk"]
+                    row = dict(dtype=dtype, V=V, B=B, gamma=G, drafts=drafts, mean_accepted=round(accepted, 3),
+                               all_rows_us=round(all_rows, 2), walk_us=round(walk, 2),
+                               default="walk" if default else "all rows")
+                    rows.append(row)
+                    print(f"| {dtype} | {V} | {B} | {drafts} | {accepted:.2f} | {all_rows:.1f} | {walk:.1f} | "
+                          f"{all_rows / walk:.2f} | {row['default']} |", flush=True)
+                    del ring
+                    cp.get_default_memory_pool().free_all_blocks()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(gpu=gpu, gamma=G, reps=args.reps, rows=rows), f, separators=(",", ":"))
+
+
+if __name__ == "__main__":
+    main()
