@@ -534,15 +534,10 @@ struct Verifier {
 
   // ---- The walk order: positions decided one after another ------------------------------------
   // Waits until request b's position i - 1 is decided; true when verification stopped before i
-  // (this item's row is then never read). Warp 0 spins as wait_rows does.
+  // (this item's row is then never read).
   __device__ __forceinline__ bool stopped_before(int b, int i, int* sh) const {
     if (threadIdx.x < 32) {
-      int ready;
-      do {
-        ready = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? poll(pos_ctr + b) : 0, 0);
-        if (ready < i) __nanosleep(32);
-      } while (ready < i);
-      __threadfence();
+      warp_wait_at_least(pos_ctr + b, i);
       if (threadIdx.x == 0) sh[0] = __ldcg(stop_n + b);
     }
     __syncthreads();
@@ -595,18 +590,8 @@ struct Verifier {
   }
 
   // Wait until every P1 item of request b is counted (they hold smaller tickets: see the header).
-  // Warp 0 spins in lock-step (lane 0 reads, the value is broadcast) so the warp reaches the
-  // caller's barrier converged; a lone spinning lane would let its warp arrive at the barrier split.
   __device__ __forceinline__ void wait_rows(int b) const {
-    if (threadIdx.x < 32) {
-      const int items = R * S1;
-      int ready;
-      do {
-        ready = __shfl_sync(0xffffffffu, threadIdx.x == 0 ? poll(req_ctr + b) : 0, 0);
-        if (ready < items) __nanosleep(32);
-      } while (ready < items);
-      __threadfence();
-    }
+    if (threadIdx.x < 32) warp_wait_at_least(req_ctr + b, R * S1);
   }
 
   // SS_MODE_MIN_P, one warp: row r's statistics from its slices' partials [M used, kept mass, slice
