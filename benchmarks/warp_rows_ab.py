@@ -35,7 +35,7 @@ def main():
 
     from specsample_cupy.bench.verify import device_seconds, make_inputs
     from specsample_cupy.runtime.kernel_runtime import kernel_source
-    from specsample_cupy.verification.kernel_launch import WARP_RECORD, _WarpRows, vec_width
+    from specsample_cupy.verification.warp_rows_launch import WARP_RECORD, WarpRows, vec_width
     from specsample_cupy.verification.truncation import build_warps
 
     ap = argparse.ArgumentParser()
@@ -67,9 +67,9 @@ def main():
                 err = cp.zeros(B, cp.int32)
                 times, records = {}, {}
                 for key, kern in kernels.items():
-                    # verify()'s own launcher (kernels._WarpRows), with this revision's kernel
+                    # verify()'s own launcher (warp_rows_launch.WarpRows), with this revision's kernel
                     record = cp.zeros(B * (2 * G + 1) * WARP_RECORD, cp.float32)
-                    launch = _WarpRows(tag, vec, B, G, V, device, err.data.ptr, record, kernel=kern)
+                    launch = WarpRows(tag, vec, B, G, V, device, err.data.ptr, record, kernel=kern)
 
                     def call(k, launch=launch, inputs=None):
                         _, draft, target = inputs or ring.next()

@@ -1,5 +1,5 @@
 """Truncated sampling (top_k / top_p / min_p) on the device loop: before each sampling kernel the
-sampled rows' thresholds come from warp_rows.cu (kernels.RowWarps), the samplers race over the kept
+sampled rows' thresholds come from warp_rows.cu (warp_rows_launch.RowWarps), the samplers race over the kept
 entries only, and verify() gets the same truncation, so the device loop gives the host loop's tokens
 (but for float near-ties, as in test_decode_device); and log-probabilities on the device loop."""
 import numpy as np

@@ -29,7 +29,7 @@ target-only call does, to its end; its first round may be a single target step t
 A target step at round r samples at offset r * (cap + 1), decode_host's rule.
 
 Truncated sampling (top_k / top_p / min_p): before each sampling kernel (draft_step_done,
-target_step_done) warp_rows.cu computes the sampled rows' thresholds (kernels.RowWarps), and the
+target_step_done) warp_rows.cu computes the sampled rows' thresholds (warp_rows_launch.RowWarps), and the
 sampler races only over the kept entries; verify() gets the same truncation prebuilt (warps=).
 Log-probabilities (generate(logprobs=True)): round_done copies verify()'s beside the report, and
 target_step_done computes its token's from the row's warp_rows record.

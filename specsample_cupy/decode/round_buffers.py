@@ -9,9 +9,10 @@ import numpy as np
 
 from specsample_cupy.runtime import kernel_runtime
 from specsample_cupy.runtime.pinned import host_array
-from specsample_cupy.verification import kernel_launch as kernels
+from specsample_cupy.verification.load_width import vec_width
 from specsample_cupy.verification.expected_accept import ExpectedAcceptance
 from specsample_cupy.verification.truncation import off_warps
+from specsample_cupy.verification.warp_rows_launch import RowWarps
 
 THREADS = 256
 
@@ -97,7 +98,7 @@ class _RoundBuffers:
         self.host_logprobs = host_array((2, B * (G + 1)), np.float32)
         self.report_events = [cupy.cuda.Event(disable_timing=False) for _ in range(EVENTS)]
         self._dtype_name = target.logits_dtype.name   # float32 or float16 (supported())
-        tag, vec = kernels.vec_width(self._dtype_name, self.V)   # run outputs: allocation-aligned
+        tag, vec = vec_width(self._dtype_name, self.V)   # run outputs: allocation-aligned
         step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel, self.offset_streams, \
             refill_kernel = _functions(tag, vec)
         self._target_kernels = (target_kernel, ngram_feed_kernel)   # enable_target_steps()
@@ -309,7 +310,7 @@ class _RoundBuffers:
         steps = self.truncation is not None and self.step_launches
         targets = self.warps is not None and self.target_launch is not None
         if (steps or targets) and self.row_warps is None:
-            self.row_warps = kernels.RowWarps(self._dtype_name, self.B, self.V, cupy.cuda.runtime.getDevice())
+            self.row_warps = RowWarps(self._dtype_name, self.B, self.V, cupy.cuda.runtime.getDevice())
         record = self.row_warps.record.data.ptr if self.row_warps is not None else 0
         for launch in self.step_launches:
             launch.set(warp_record=record if steps else 0)
