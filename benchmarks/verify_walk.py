@@ -7,8 +7,7 @@ rotated past L2; bench verify's harness), gamma = 5, per dtype, V and B, on thre
   sampled   draft tokens sampled from q = softmax(draft logits), draft = 0.8 target + noise (the
             bench's logits; acceptance about what a fair draft model gets);
   accepted  draft logits equal to the target's (every draft accepted: the walk's worst case).
-Each row also says which order the default plan picks (PlanOptions.walk None) and the mean
-accepted count.
+Each row also says which order PlanOptions(walk=None) picks and the mean accepted count.
 
     python3 benchmarks/verify_walk.py [--batch 1,8,16,32,64] [--vocab 32000,151936] [--reps 30]
                                       [--json FILE]
@@ -63,7 +62,7 @@ def main():
     gpu = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     rows = []
     print(f"exact verification, gamma = {G}, {gpu}: device µs per call, all rows vs walk")
-    print("| dtype | V | B | drafts | mean accepted | all rows | walk | all rows / walk | default plan |")
+    print("| dtype | V | B | drafts | mean accepted | all rows | walk | all rows / walk | walk=None picks |")
     print("|---|---|---|---|---|---|---|---|---|")
     for dtype in args.dtype.split(","):
         for V in (int(v) for v in args.vocab.split(",")):
@@ -73,14 +72,14 @@ def main():
                     all_rows, accepted = measure(cp, ring, False, args.reps)
                     walk, _ = measure(cp, ring, True, args.reps)
                     tokens, draft, target = ring.next()
-                    default = kernels.plan_info(tokens, draft, target, dtype_name=dtype,
-                                                mode=kernels.MODE_LOGITS)["walk"]
+                    auto = kernels.plan_info(tokens, draft, target, dtype_name=dtype, mode=kernels.MODE_LOGITS,
+                                                options=kernels.PlanOptions(walk=None))["walk"]
                     row = dict(dtype=dtype, V=V, B=B, gamma=G, drafts=drafts, mean_accepted=round(accepted, 3),
                                all_rows_us=round(all_rows, 2), walk_us=round(walk, 2),
-                               default="walk" if default else "all rows")
+                               auto="walk" if auto else "all rows")
                     rows.append(row)
                     print(f"| {dtype} | {V} | {B} | {drafts} | {accepted:.2f} | {all_rows:.1f} | {walk:.1f} | "
-                          f"{all_rows / walk:.2f} | {row['default']} |", flush=True)
+                          f"{all_rows / walk:.2f} | {row['auto']} |", flush=True)
                     del ring
                     cp.get_default_memory_pool().free_all_blocks()
     if args.json:   # one list per row under `columns`: the file stays small

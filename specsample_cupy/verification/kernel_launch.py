@@ -66,8 +66,9 @@ class PlanOptions:
     lag_waves: how far, in waves of the grid, a request's P2 items follow its P1 items in the item
         order (so P2 blocks rarely wait); 0 puts them right after.
     walk: exact, probabilities and greedy verification in the walk order (position by position,
-        skipping the rows past a request's stop; verify.cu's header): True, False, or None to walk
-        where one position's rows of the batch fill the grid (WALK_FILL).
+        skipping the rows past a request's stop; verify.cu's header): True, False (the default:
+        every row at once), or None to walk where one position's rows of the batch, cut into items
+        of MIN_ITEM_ELEMENTS, fill the grid.
     grid: blocks launched; None launches min(work items, blocks resident at once). Any value is
         correct: work is handed out in order from a ticket counter, so extra blocks only queue and
         a single block does everything in turn. Changing it never changes the result.
@@ -78,7 +79,7 @@ class PlanOptions:
     p1_sweeps: int | None = None
     p2_sweeps: int | None = None
     lag_waves: float = 4.0
-    walk: bool | None = None
+    walk: bool | None = False
     grid: int | None = None
     lineinfo: bool = False
 
