@@ -7,7 +7,7 @@ rotated past L2; bench verify's harness), gamma = 5, per dtype, V and B, on thre
   sampled   draft tokens sampled from q = softmax(draft logits), draft = 0.8 target + noise (the
             bench's logits; acceptance about what a fair draft model gets);
   accepted  draft logits equal to the target's (every draft accepted: the walk's worst case).
-Each row also says which order PlanOptions(walk=None) picks and the mean accepted count.
+Each row also gives the mean accepted count.
 
     python3 benchmarks/verify_walk.py [--batch 1,8,16,32,64] [--vocab 32000,151936] [--reps 30]
                                       [--json FILE]
@@ -62,8 +62,8 @@ def main():
     gpu = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     rows = []
     print(f"exact verification, gamma = {G}, {gpu}: device µs per call, all rows vs walk")
-    print("| dtype | V | B | drafts | mean accepted | all rows | walk | all rows / walk | walk=None picks |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| dtype | V | B | drafts | mean accepted | all rows | walk | all rows / walk |")
+    print("|---|---|---|---|---|---|---|---|")
     for dtype in args.dtype.split(","):
         for V in (int(v) for v in args.vocab.split(",")):
             for B in (int(b) for b in args.batch.split(",")):
@@ -71,15 +71,11 @@ def main():
                     ring = input_ring(cp, B, V, dtype, drafts)
                     all_rows, accepted = measure(cp, ring, False, args.reps)
                     walk, _ = measure(cp, ring, True, args.reps)
-                    tokens, draft, target = ring.next()
-                    auto = kernels.plan_info(tokens, draft, target, dtype_name=dtype, mode=kernels.MODE_LOGITS,
-                                                options=kernels.PlanOptions(walk=None))["walk"]
                     row = dict(dtype=dtype, V=V, B=B, gamma=G, drafts=drafts, mean_accepted=round(accepted, 3),
-                               all_rows_us=round(all_rows, 2), walk_us=round(walk, 2),
-                               auto="walk" if auto else "all rows")
+                               all_rows_us=round(all_rows, 2), walk_us=round(walk, 2))
                     rows.append(row)
                     print(f"| {dtype} | {V} | {B} | {drafts} | {accepted:.2f} | {all_rows:.1f} | {walk:.1f} | "
-                          f"{all_rows / walk:.2f} | {row['auto']} |", flush=True)
+                          f"{all_rows / walk:.2f} |", flush=True)
                     del ring
                     cp.get_default_memory_pool().free_all_blocks()
     if args.json:   # one list per row under `columns`: the file stays small

@@ -26,14 +26,16 @@
 //                      The last P2 block of request b (atomic counter) reduces the slice winners
 //                      and writes accepted / emitted / tokens / error, then zeroes the request's
 //                      counters.
-// The walk order (exact, probabilities and greedy at large batches, where the grid is full and rows
-// past a request's first rejection would be wasted bandwidth): the P1 items run position by position
-// across the batch, target row i and draft row i of every request, then the P2 items. A P1 item at
+// The walk order (exact, probabilities and greedy, when the plan asks: for large batches, where the
+// grid is full and rows past a request's first rejection are wasted bandwidth): the P1 items run
+// position by position across the batch, target row i and draft row i of every request, then the
+// P2 items. A P1 item at
 // position i > 0 first waits until its request's position i - 1 is decided, and skips its row if
 // verification stopped there or before; the last slice of position i's rows to arrive decides it
 // (the first_rejection() rule for one position) and publishes the stop. P2 then reads the stop and
 // combines only the rows at n. With random drafts most requests read two rows instead of 2 gamma + 1;
-// with every draft accepted the positions follow one another, each across the whole grid.
+// with every draft accepted the positions follow one another, each across the whole grid (each
+// position's wait for the one before is what the walk costs: benchmarks/verify_walk.py).
 // SS_MODE_MIN_P (min-p truncation alone, fused): a P1 slice of one register load group (small
 // batches) is kept in registers while the row's slices agree on its maximum M (each publishes its
 // own through an atomic max on order-preserving keys and counts itself in on a per-row counter,
@@ -1036,7 +1038,7 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
   v.accepted = out; v.emitted = out + B; v.error = out + 2 * B; v.tokens = out + 3 * B;
   unsigned* ticket = reinterpret_cast<unsigned*>(ws + 3 * B);
 
-  // Item order. The walk order (exact, probabilities, greedy at large batches): position by
+  // Item order. The walk order (exact, probabilities, greedy; the plan's choice): position by
   // position across the batch (target row i and draft row i of request 0, of request 1, ...;
   // position G: target rows only), then every request's P2 items; a P1 item waits for its
   // request's previous position (smaller tickets) and skips its row once verification stopped.

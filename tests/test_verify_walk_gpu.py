@@ -108,7 +108,7 @@ def test_walk_never_reads_rows_past_the_stop_and_flags_rows_it_reads(method):
     np.testing.assert_array_equal(gpu["tokens"][others], clean["tokens"][others])
 
 
-def test_the_plan_walks_when_asked_or_where_one_position_fills_the_grid():
+def test_the_plan_walks_when_asked_and_the_method_reads_whole_rows():
     import cupy as cp
     from specsample_cupy.verification import kernel_launch as kernels
 
@@ -119,8 +119,6 @@ def test_the_plan_walks_when_asked_or_where_one_position_fills_the_grid():
         return kernels.plan_info(tokens, draft, target, dtype_name="float32", mode=mode, options=opts)["walk"]
 
     assert not walks(64, 151936)                      # the default plan reads every row at once
-    assert walks(64, 151936, walk=None) and walks(64, 151936, kernels.MODE_PROBS, walk=None)
-    assert not walks(1, 151936, walk=None)            # B = 1 keeps every row in flight at once
-    assert not walks(64, 151936, kernels.MODE_SIGMOID, walk=None)
+    assert walks(64, 151936, walk=True) and walks(1, 32000, kernels.MODE_PROBS, walk=True)
+    assert not walks(64, 151936, kernels.MODE_SIGMOID, walk=True)
     assert not walks(64, 151936, kernels.MODE_MIN_P, walk=True)
-    assert walks(1, 151936, walk=True)

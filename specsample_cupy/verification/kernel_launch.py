@@ -66,9 +66,11 @@ class PlanOptions:
     lag_waves: how far, in waves of the grid, a request's P2 items follow its P1 items in the item
         order (so P2 blocks rarely wait); 0 puts them right after.
     walk: exact, probabilities and greedy verification in the walk order (position by position,
-        skipping the rows past a request's stop; verify.cu's header): True, False (the default:
-        every row at once), or None to walk where one position's rows of the batch, cut into items
-        of MIN_ITEM_ELEMENTS, fill the grid.
+        skipping the rows past a request's stop; verify.cu's header) instead of every row at once.
+        It pays where the batch is large and drafts are rejected early (H100, fp32, B = 64,
+        V = 151936: 131 against 188 µs on random drafts) and costs elsewhere (each position waits
+        for the previous one's decision: 0.3-0.96x at B <= 16 or V = 32000, and with every draft
+        accepted; benchmarks/verify_walk.py).
     grid: blocks launched; None launches min(work items, blocks resident at once). Any value is
         correct: work is handed out in order from a ticket counter, so extra blocks only queue and
         a single block does everything in turn. Changing it never changes the result.
@@ -79,7 +81,7 @@ class PlanOptions:
     p1_sweeps: int | None = None
     p2_sweeps: int | None = None
     lag_waves: float = 4.0
-    walk: bool | None = False
+    walk: bool = False
     grid: int | None = None
     lineinfo: bool = False
 
@@ -94,8 +96,8 @@ class PlanOptions:
             raise ValueError(f"PlanOptions.min_sweeps ({self.min_sweeps}) > max_sweeps ({self.max_sweeps})")
         if not (isinstance(self.lag_waves, (int, float)) and 0 <= self.lag_waves < float("inf")):
             raise ValueError(f"PlanOptions.lag_waves must be finite and >= 0, got {self.lag_waves!r}")
-        if self.walk is not None and not isinstance(self.walk, bool):
-            raise ValueError(f"PlanOptions.walk must be None or a bool, got {self.walk!r}")
+        if not isinstance(self.walk, bool):
+            raise ValueError(f"PlanOptions.walk must be a bool, got {self.walk!r}")
         if not isinstance(self.lineinfo, bool):
             raise ValueError(f"PlanOptions.lineinfo must be a bool, got {self.lineinfo!r}")
 
@@ -169,8 +171,7 @@ class _Plan:
         capacity = _resident_blocks(device_id, name, opts.lineinfo, self.shared_bytes)
         sweep = THREADS * vec
         sweeps = -(-V // sweep)
-        walk = mode in (MODE_LOGITS, MODE_PROBS) and (
-            opts.walk if opts.walk is not None else 2 * B * -(-V // MIN_ITEM_ELEMENTS) >= capacity)
+        walk = opts.walk and mode in (MODE_LOGITS, MODE_PROBS)
         if walk:   # one position's 2B rows in one wave of the grid
             C1 = sweep * (opts.p1_sweeps or min(opts.max_sweeps, -(-sweeps // max(1, capacity // (2 * B)))))
         else:
