@@ -29,11 +29,10 @@
 // The walk order (exact, probabilities and greedy, when the plan asks: for large batches, where the
 // grid is full and rows past a request's first rejection are wasted bandwidth): the P1 items run
 // position by position across the batch, target row i and draft row i of every request, then the
-// P2 items. A P1 item at
-// position i > 0 first waits until its request's position i - 1 is decided, and skips its row if
-// verification stopped there or before; the last slice of position i's rows to arrive decides it
-// (the first_rejection() rule for one position) and publishes the stop. P2 then reads the stop and
-// combines only the rows at n. With random drafts most requests read two rows instead of 2 gamma + 1;
+// P2 items. A P1 item at position i > 0 first waits until its request's position i - 1 is decided,
+// and skips its row if verification stopped there or before; the last slice of position i's rows to
+// arrive decides it (the first_rejection() rule for one position) and publishes the stop. P2 then
+// reads the stop and combines only the rows at n. With random drafts most requests read two rows instead of 2 gamma + 1;
 // with every draft accepted the positions follow one another, each across the whole grid (each
 // position's wait for the one before is what the walk costs: benchmarks/verify_walk.py).
 // SS_MODE_MIN_P (min-p truncation alone, fused): a P1 slice of one register load group (small
@@ -169,7 +168,7 @@ struct Verifier {
   int B, G, V, S1, C1, S2, C2, R;
   int *req_ctr, *fin_ctr, *err, *part, *cand;
   int* err_row;       // [B * R] P1's value-error bits per row (the truncated modes use err [B])
-  // The walk order (exact, probabilities, greedy at large batches; see the header): per request,
+  // The walk order (exact, probabilities, greedy, when the plan asks; see the header): per request,
   // positions decided so far (G + 1 once it stopped), the stop (n + 1; 0: none yet), and per
   // position the arrivals of its rows' slices.
   bool walk;
