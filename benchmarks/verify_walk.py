@@ -18,7 +18,7 @@ import json
 import numpy as np
 
 from specsample_cupy import verify
-from specsample_cupy.bench.verify import InputRing, device_seconds, l2_bytes, random_set
+from specsample_cupy.bench.verify import InputRing, device_seconds, make_inputs, sampled_drafts
 from specsample_cupy.verification import kernel_launch as kernels
 
 G = 5
@@ -26,19 +26,11 @@ DRAFTS = ("random", "sampled", "accepted")
 
 
 def input_ring(cp, B, V, dtype, drafts):
-    """An InputRing of one (tokens, draft, target) set of this kind, copied past twice the L2."""
-    rs = cp.random.RandomState(0)
-    tokens, draft, target = random_set(cp, lambda shape: rs.standard_normal(shape, dtype=cp.float32),
-                                       lambda high, shape: rs.randint(0, high, shape), B, G, V, dtype)
+    """bench verify's InputRing (random tokens, rotated past twice the L2) with this kind of drafts."""
+    ring = make_inputs(cp, B, G, V, dtype)
     if drafts == "accepted":
-        draft = cp.ascontiguousarray(target[:, :G])
-    if drafts in ("sampled", "accepted"):   # x ~ softmax(draft): the Gumbel-max trick
-        gumbel = -cp.log(-cp.log(rs.uniform(1e-12, 1.0, (B, G, V), dtype=cp.float32)))
-        tokens = (draft.astype(cp.float32) + gumbel).argmax(-1).astype(cp.int32)
-    per_set = B * (2 * G + 1) * V * np.dtype(dtype).itemsize
-    copies = int(max(1, -(-2 * l2_bytes(cp) // per_set)))
-    sets = [(tokens, draft, target)] + [tuple(a.copy() for a in (tokens, draft, target)) for _ in range(copies - 1)]
-    return InputRing(sets, 2 * l2_bytes(cp))
+        ring = InputRing([(t, cp.ascontiguousarray(tg[:, :G]), tg) for t, _, tg in ring], ring.rotate_bytes)
+    return ring if drafts == "random" else sampled_drafts(cp, ring)
 
 
 def measure(cp, ring, walk, reps):

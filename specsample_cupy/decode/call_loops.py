@@ -8,6 +8,17 @@ from specsample_cupy.decode.host_loop import HostRounds, RequestStreams
 from specsample_cupy.verification.seeds import as_int64
 
 
+def call_sessions(dec, speculative: bool) -> tuple:
+    """The models a call runs: the target, and the draft model when the call drafts with one."""
+    return (dec.target, dec.draft) if speculative and dec.draft is not None else (dec.target,)
+
+
+def numbers_by_column(sessions) -> bool:
+    """Whether a model of `sessions` has no position_ids input, so numbers its tokens by cache column:
+    its cache may hold no holes (one request per call, compaction after every rollback)."""
+    return not all(getattr(s, "has_position_ids", True) for s in sessions)
+
+
 def new_caches(dec, req, sessions, gamma_cap, columns: int | None = None):
     """One cache per session, of one capacity: every token a request may hold (columns; default
     the width of req's sequences, which already leave a round's gamma_cap + 2 columns beyond the
@@ -16,13 +27,9 @@ def new_caches(dec, req, sessions, gamma_cap, columns: int | None = None):
     (device_loop's compaction keeps that room). Counting a round once, not twice, keeps an
     automatic gamma's cache (gamma_cap 12) the size of a fixed gamma's after rounding
     (sessions_static.CAPACITY_ROUND): a static cache's every run attends over its whole capacity.
-    Without a position_ids input a model numbers tokens by cache column, so its cache may hold no
-    holes: one request per call and compaction after every rollback."""
-    implicit_positions = not all(getattr(s, "has_position_ids", True) for s in sessions)
-    if implicit_positions and req.batch > 1:
-        raise ValueError("a model of the pair has no position_ids input, so it cannot decode a batch with "
-                         "padding and ragged acceptance exactly; pass one prompt per call")
-    kv_slack = 0 if implicit_positions else dec.kv_slack
+    A pair that numbers tokens by cache column (numbers_by_column) gets no slack; its callers give it
+    one request per call (one_at_a_time.py; continuous batching refuses it)."""
+    kv_slack = 0 if numbers_by_column(sessions) else dec.kv_slack
     capacity = (req.seq.shape[1] if columns is None else columns) + max(kv_slack, 2 * (gamma_cap + 1))
     return [s.new_cache(req.batch, capacity, kv_slack) for s in sessions]
 

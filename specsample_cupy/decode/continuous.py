@@ -31,7 +31,7 @@ from numbers import Integral
 import numpy as np
 
 from specsample_cupy.decode.call_args import resolve_temperature
-from specsample_cupy.decode.call_loops import new_caches, why_not_device_loop
+from specsample_cupy.decode.call_loops import call_sessions, new_caches, numbers_by_column, why_not_device_loop
 from specsample_cupy.decode.detokenize import TextAssembler
 from specsample_cupy.decode.device_loop import DeviceRounds
 from specsample_cupy.decode.gamma_policy import FixedGamma
@@ -106,8 +106,8 @@ def decode_stream(dec, requests, batch_size: int, *, gamma: int, method: str, ig
     base_seed = check_seed(seed)
     requests = check_requests(requests, method, base_seed)
     speculative = method != "target" and gamma > 0
-    sessions = (dec.target, dec.draft) if speculative and dec.draft is not None else (dec.target,)
-    if not all(getattr(s, "has_position_ids", True) for s in sessions):
+    sessions = call_sessions(dec, speculative)
+    if numbers_by_column(sessions):
         raise ValueError("continuous batching needs models with a position_ids input (a refilled row's tokens "
                          "sit after other requests' columns)")
     prompt_ids = dec.encode_prompts([r.prompt for r in requests])

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from specsample_cupy.decode import stats as decode_stats
-from specsample_cupy.decode.call_loops import call_rounds, new_caches
+from specsample_cupy.decode.call_loops import call_rounds, call_sessions, new_caches
 from specsample_cupy.decode.call_args import METHODS  # noqa: F401  (decoder.METHODS, where it always was)
 from specsample_cupy.decode.call_args import check_call, check_truncation, resolve_temperature, token_id_prompts
 from specsample_cupy.decode.decoder_device import open_session, pick_device as _pick_device
@@ -278,7 +278,7 @@ class SpeculativeDecoder:
                                  temperature=0.0 if method == "greedy" else temperature,
                                  expected=method == "exact" and not truncation and self.draft is not None)
             req = self._requests(prompts, max_new_tokens, policy.cap, ignore_eos, encoded=prompt_ids is not None)
-            sessions = (self.target, self.draft) if speculative and self.draft is not None else (self.target,)
+            sessions = call_sessions(self, speculative)
             clock = Clock(self.stream, self._events)
             with self._on_stream():
                 caches = new_caches(self, req, sessions, policy.cap)

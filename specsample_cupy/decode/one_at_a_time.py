@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from specsample_cupy.decode.call_loops import call_sessions, numbers_by_column
+
 SUMMED = ("rounds", "proposed", "accepted", "generated_tokens", "prefill_model_time_s", "sampling_time_s",
           "kv_compactions", "discarded_rounds")
 SUMMED_TIMED = ("model_time_s", "verify_time_s")   # None when the runs were not timed
@@ -27,8 +29,8 @@ SUMMED_TIMED = ("model_time_s", "verify_time_s")   # None when the runs were not
 
 def one_prompt_reason(dec, speculative: bool) -> str | None:
     """Why decoder `dec` decodes one prompt per call (module docstring), or None when it batches."""
-    sessions = (dec.target, dec.draft) if speculative and dec.draft is not None else (dec.target,)
-    if not all(getattr(s, "has_position_ids", True) for s in sessions):
+    sessions = call_sessions(dec, speculative)
+    if numbers_by_column(sessions):
         return "a model of the pair has no position_ids input (it numbers tokens by cache column)"
     if any(getattr(s, "shared_buffer", False) for s in sessions):
         return ("GroupQueryAttention over a shared buffer runs several new tokens over a past at batch 1 only "
