@@ -3,8 +3,12 @@ the device, the sessions and the gamma cap allow it, else the host loop (host_lo
 cache per model of one capacity."""
 from __future__ import annotations
 
-from specsample_cupy.decode.device_loop import DeviceCost, DeviceRounds, supported
+import numpy as np
+
+from specsample_cupy.decode.device_loop import DeviceCost, DeviceRounds
 from specsample_cupy.decode.host_loop import HostRounds, RequestStreams
+from specsample_cupy.decode.round_buffers import THREADS
+from specsample_cupy.runtime.sessions_static import StaticDecoderSession
 from specsample_cupy.verification.seeds import as_int64
 
 
@@ -78,4 +82,14 @@ def why_not_device_loop(dec, speculative: bool, gamma_cap: int) -> str | None:
         return "cpu"
     if not dec.device_rounds:
         return "off"
-    return supported(dec.target, dec.draft if speculative else None, gamma_cap)
+    if gamma_cap + 1 > THREADS:
+        return f"gamma over {THREADS - 1}"   # round_done reads a row's gamma + 1 tokens with one thread each
+    sessions = call_sessions(dec, speculative)   # no draft model: target-only, or prompt-lookup drafts
+    if not all(isinstance(s, StaticDecoderSession) for s in sessions):
+        return "a model without fixed bindings (cuda_graphs=False, or no position_ids input)"
+    if any(s.logits_dtype != dec.target.logits_dtype for s in sessions) or dec.target.logits_dtype.char not in "fe":
+        return "logits dtypes"
+    for s in sessions:
+        if (s.head_dim * np.dtype(s.kv_dtype).itemsize) % 4:
+            return "KV rows not a multiple of 4 bytes"
+    return None

@@ -21,32 +21,15 @@ when round r cannot end the generation by the budget alone (an EOS still can: th
 then discarded, counted in stats["discarded_rounds"]).
 
 gamma may change from round to round (gamma_policy): the buffers are sized for the policy's largest
-gamma, a round of gamma drafts uses their first B * gamma rows, and the policy's choice for round
-r + 1 is made when round r is enqueued, from the reports read by then. A drafting call whose policy
-may stop drafting (automatic gamma) also gets the target's S = 1 step on its buffers
-(enable_target_steps): from the round the policy says 0, the call runs target steps, as a
-target-only call does, to its end; its first round may be a single target step too (it times one).
-A target step at round r samples at offset r * (cap + 1), decode_host's rule.
-
-Truncated sampling (top_k / top_p / min_p): before each sampling kernel (draft_step_done,
-target_step_done) warp_rows.cu computes the sampled rows' thresholds (warp_rows_launch.RowWarps), and the
-sampler races only over the kept entries; verify() gets the same truncation prebuilt (warps=).
-Log-probabilities (generate(logprobs=True)): round_done copies verify()'s beside the report, and
-target_step_done computes its token's from the row's warp_rows record.
-
-A full cache is compacted on the device too (compact_plan), in stream order between two rounds, so
-the masks never cross to the host and no compaction waits for a read.
-
-Continuous batching (continuous.py) refills a finished request's row the same way: refill() enqueues
-the newcomer's state (one upload and one kernel, refill_rows), its prompt's prefill runs (their
-attention masks copied from the device's slot masks) and the next round's feeds behind the round in
-flight; reports of rounds enqueued before a row's refill are not that row's (joined). Each row then
-samples at its own temperature and from its request's random stream (decode_round.cu's row_draw).
+gamma, a round of gamma drafts uses their first B * gamma rows, and the choice for round r + 1 is made
+when round r is enqueued, from the reports read by then. A call whose policy may stop drafting also
+gets the target's S = 1 step on its buffers (enable_target_steps); a target step at round r samples
+at offset r * (cap + 1), decode_host's rule. Truncated sampling, log-probabilities, cache compaction
+on the device and continuous batching's refills (refill()): docs/decode-loop.md ("The device loop").
 
 Buffers and launches: round_buffers.py; automatic gamma's costs: device_cost.py.
 Used on CUDA when the models run with fixed bindings (sessions_static) and their logits share a dtype
-(float32/float16); otherwise decode_host runs. The samplers of draft_step_done and target_step_done
-give each row one block (sample_row.cuh) at every vocabulary size: one pass over the row.
+(float32/float16); otherwise decode_host runs.
 """
 from __future__ import annotations
 
@@ -59,30 +42,12 @@ import numpy as np
 from specsample_cupy.decode.device_cost import DeviceCost, calibrate_model_costs
 from specsample_cupy.decode.acceptance import expected_accepted
 from specsample_cupy.decode.device_proposers import device_proposer
-from specsample_cupy.decode.round_buffers import EVENTS, PITCH_ROUND, round_buffers
+from specsample_cupy.decode.round_buffers import EVENTS, PITCH_ROUND, THREADS, round_buffers
 from specsample_cupy.decode.stats import Round
 from specsample_cupy.runtime import errors, kernel_runtime
-from specsample_cupy.runtime.sessions_static import StaticDecoderSession
 from specsample_cupy.verification.api import VerifyResult, verify
-THREADS = 256   # the round kernels' block (round_buffers.THREADS)
 
-__all__ = ["DeviceCost", "DeviceRounds", "supported"]
-
-
-def supported(target, draft, gamma_cap: int) -> str | None:
-    """None when the loop can run on the device for these sessions (draft None: target-only, or
-    prompt-lookup drafts) and the policy's largest gamma, else why not."""
-    if gamma_cap + 1 > THREADS:
-        return f"gamma over {THREADS - 1}"   # round_done reads a row's gamma + 1 tokens with one thread each
-    sessions = (target,) if draft is None else (target, draft)
-    if not all(isinstance(s, StaticDecoderSession) for s in sessions):
-        return "a model without fixed bindings (cuda_graphs=False, or no position_ids input)"
-    if any(s.logits_dtype != target.logits_dtype for s in sessions) or target.logits_dtype.char not in "fe":
-        return "logits dtypes"
-    for s in sessions:
-        if (s.head_dim * np.dtype(s.kv_dtype).itemsize) % 4:
-            return "KV rows not a multiple of 4 bytes"
-    return None
+__all__ = ["DeviceCost", "DeviceRounds"]
 
 
 class DeviceRounds:

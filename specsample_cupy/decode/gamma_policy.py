@@ -12,71 +12,28 @@ geometric), a round of gamma drafts emits on average
 
     E(gamma) = (1 - alpha^(gamma + 1)) / (1 - alpha)   tokens per request   (E(0) = 1),
 
-and costs cost(gamma) seconds. A generate() call returns when its last request is done, so what
-matters is the slowest live request: the policy takes argmax over gamma of min_b E_b(gamma) /
-cost(gamma), one alpha per request (the mean over requests favours long rounds that the rows
-accepting least pay for). alpha is estimated from the call's rounds read so far (successes / trials
-of the truncated geometric, a weak prior, exponential forgetting per round); cost comes from the
-loop: on the device loop each gamma's model time measured by replaying its captured graphs plus a
-fitted remainder (decode_device.DeviceCost), on the host loop the rounds' wall times (LineCost).
+and costs cost(gamma) seconds. A generate() call returns when its last request is done, so the
+policy takes argmax over gamma of min_b E_b(gamma) / cost(gamma), one alpha per request (the mean
+over requests favours long rounds that the rows accepting least pay for). alpha: the call's rounds
+read so far (successes / trials of the truncated geometric, a weak prior, exponential forgetting per
+round: FORGET_GREEDY, as greedy acceptance comes in runs; FORGET_SAMPLED, as a short memory chases
+the draws' noise; FORGET_EXPECTED where the loop counts each draft's acceptance probability
+sum_x min(p(x), q(x)) instead of the draw). cost: from the loop (device_cost.DeviceCost: each gamma's
+model time by replaying its captured graphs plus a fitted remainder; gamma_cost.LineCost: the host
+loop's round times). Each call's acceptance starts from the prior: a call's first rounds accept less
+than the end of the call before.
 
-Each call's acceptance starts from the prior, not from the previous call's last estimate: a call's
-first rounds accept less than the end of the call before (greedy code: a few early rejections, then
-drafts that agree for a hundred tokens). How fast old rounds are forgotten depends on how tokens are
-chosen: greedy acceptance comes in runs, so the last few rounds say most (FORGET_GREEDY); sampled
-acceptance varies with the draws, and a short memory chases noise (FORGET_SAMPLED). Exact sampling
-can count, in place of each accepted draft, beta = sum_x min(p(x), q(x)) (the probability that a
-draft sampled from q is accepted, computed from the verified logits: expected_acceptance(), on the
-device kernels_cu/expected_accept.cu): unbiased and without the draws' noise, so a longer memory
-(FORGET_EXPECTED). Equal-work replays of the embedded pair with the H200 costs of the three pairs
-(`benchmarks/auto_gamma_sim.py`): greedy 0.99-1.07 of the best fixed gamma at forgetting 0.8
-(0.94-1.00 at 0.95); exact T = 1, 7B-cost costs, 40 seeds: 0.94 / 0.975 / 0.967 counting accepted
-drafts at 0.8 / 0.9 / 0.95, 0.986 / 0.992 / 0.988 counting beta at 0.9 / 0.95 / 0.98.
-
-Never slower than target-only decoding (beyond a bound). Target steps are one of the choices (one
-token per request for a step's cost): a call stops drafting, and decodes with target steps as a
-target-only call does to its end, when
-  - costs: every gamma costs more than the gamma + 1 target steps that emit as many tokens as it can
-    at most (a draft that costs about a target run; per-run overhead that dominates);
-  - acceptance: its slowest live request, having tried VERDICT_TRIALS drafts or more this call (greedy
-    decoding accepts in runs: fewer may be a run of rejections that ends), accepts too little for
-    any gamma to beat target steps at the measured costs;
-  - its loss budget runs out, whatever the model says (acceptance near 0 with a cheap draft, a
-    cost the model misprices): its regret (seconds of its timed drafting rounds, a host's stall
-    capped at STALL x (gamma + 1) target steps, minus the step cost
-    times the tokens the mean live request took in them; the slowest request's early rejections,
-    which greedy decoding makes up later, would stop calls that pay), plus the likely loss of the
-    rounds handed out and not read and of the next (cost(gamma) - step cost x E(gamma) at the live
-    requests' mean pooled acceptance with DOUBT drafts rejected each), must stay within LOSS_BUDGET
-    of the call's target-only time (step cost x horizon, the loop's largest request budget) plus its
-    credit, and the next round's worst case (nothing accepted) within one budget more. The largest
-    affordable gamma up to the chosen one is handed out; none: stop.
-  A stop lasts to the call's end: no flapping, and the device loop could not resume drafting (its
-  draft's first run catches up on two tokens; after the one target step a call may open with, it
-  can). The step's cost is measured, not assumed: while fewer than the loop's probe_steps (begin())
-  were timed by the kind's calls, a call opens with target steps (free: they are target-only
-  decoding's; the host loop takes two, a process's first run of a shape being slow); while no
-  gamma is timed twice (LineCost.settled) the call drafts gamma_min, the cheapest probe.
-  Credit: what a call gained against target steps and left of its budget is the next call's credit
-  (at most CREDIT_CAP budgets); a kind's first call has FIRST_CREDIT budgets, to find out whether
-  drafting pays where only long rounds do (the embedded pair on the H200 at B = 1: gamma 5, after
-  rejected rounds that lose 4 target steps each). So a call loses at most its budget and credit, one budget
-  of overshoot and the draft's prefill, and a run of calls at most LOSS_BUDGET of its target-only
-  time plus what it gained and what its first call explored. Synthetic replays
-  (tests/test_gamma_policy_target_only.py, host and device loops, B = 1 and 4): where drafting
-  cannot pay, runs of 9 calls take 1.001-1.008 of target-only's time (a kind's first call
-  1.002-1.047, the calls after it 1.00-1.01); where it pays, 0.96-0.99 of the best fixed gamma's (a
-  line fitted to the costs reached 0.52-0.68 on the host loop where the round cost jumps). The
-  greedy replays above (lag 1, 5 seeds) give the cost pairs 1.02-1.08 of the best fixed gamma as
-  before, the embedded pair 0.98 at B = 1 (0.99) and 0.87 at B = 4 (1.01): there drafting pays 1.15x
-  only through long rounds, after first rejections that cost 3-4 target steps a round, and its
-  calls now stop drafting (1.00x target-only); the exact replays (5 seeds) are unchanged.
-Across calls, what a call learns (costs, timed target steps, credit) is kept for the next call of the
-same kind (state() / load(): the decoder keeps it per method, temperature and batch size), and so is
-its verdict: when it stopped for its costs or acceptance, or its pooled acceptance at its end (with
-DOUBT drafts accepted: a few unlucky rounds do not rule a kind) says a target step yields more tokens
-per second than any gamma, prefers_target_only() is true and the decoder runs its next calls of that
-kind target-only (no draft prefill either), speculating again every REPROBE-th call to measure afresh.
+Never slower than target-only decoding beyond a bound: a call stops drafting and decodes with target
+steps to its end when every gamma costs more than the gamma + 1 target steps it could replace
+("costs"), when its slowest live request's pooled acceptance over VERDICT_TRIALS drafts says target
+steps win ("acceptance"), or when its regret (its timed drafting rounds' seconds, a host's stall
+capped at STALL x (gamma + 1) target steps, minus the step cost times the tokens the mean live
+request took in them) plus the likely loss of the rounds in flight would pass LOSS_BUDGET of the call's
+target-only time plus its credit ("budget"). A call opens with target steps while fewer than the loop's
+probe_steps were timed, and drafts gamma_min while no gamma is timed twice. What a call learns (costs,
+timed steps, credit, and whether the kind prefers target-only) is kept for the next call of the same
+kind (state() / load()). The rule, its bounds and why each piece is there: docs/decode-loop.md
+("Automatic γ"); the measurements: docs/performance.md.
 """
 from __future__ import annotations
 

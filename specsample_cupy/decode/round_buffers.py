@@ -97,7 +97,7 @@ class _RoundBuffers:
         # Log-probabilities of each round's tokens (generate(logprobs=True)), beside the reports.
         self.host_logprobs = host_array((2, B * (G + 1)), np.float32)
         self.report_events = [cupy.cuda.Event(disable_timing=False) for _ in range(EVENTS)]
-        self._dtype_name = target.logits_dtype.name   # float32 or float16 (supported())
+        self._dtype_name = target.logits_dtype.name   # float32 or float16 (call_loops.why_not_device_loop())
         tag, vec = vec_width(self._dtype_name, self.V)   # run outputs: allocation-aligned
         step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel, self.offset_streams, \
             refill_kernel = _functions(tag, vec)
