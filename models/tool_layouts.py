@@ -10,6 +10,9 @@
 - builder_folder(): a converted GroupQueryAttention folder (convert --attention gqa) as ONNX Runtime
   GenAI's builder writes it: total_sequence_length computed in the graph from Shape(attention_mask),
   genai_config.json in place of config.json.
+- builder_export(): a checkpoint's tensors under the names the builder gives them
+  (convert/builder_checkpoint.py lists them), its rotary tables and the nodes that say the rest (norm
+  epsilon, attention attributes): the weights' graph, which is what the converter reads.
 """
 from __future__ import annotations
 
@@ -78,7 +81,8 @@ def genai_config(config: dict, filename: str, share_buffer: bool, **decoder_chan
                "hidden_size": config["hidden_size"], "num_attention_heads": config["num_attention_heads"],
                "num_key_value_heads": config.get("num_key_value_heads", config["num_attention_heads"]),
                "num_hidden_layers": config["num_hidden_layers"], **decoder_changes}
-    return {"model": {"vocab_size": config["vocab_size"], "context_length": config["max_position_embeddings"],
+    return {"model": {"type": config.get("model_type"), "vocab_size": config["vocab_size"],
+                      "context_length": config["max_position_embeddings"],
                       "bos_token_id": config.get("bos_token_id", 0), "eos_token_id": eos if isinstance(eos, list)
                       else [eos], "pad_token_id": eos[0] if isinstance(eos, list) else eos, "decoder": decoder},
             "search": {"past_present_share_buffer": share_buffer}}
@@ -113,4 +117,69 @@ def builder_folder(converted, dst):
             node.input[6] = "total_seq_len"
     onnx.save_model(model, str(dst / "model.onnx"))
     write_genai_config(dst, "model.onnx", True)
+    return dst
+
+
+def builder_export(hf, dst, *, dtype=np.float32, packed=True, tied=False, window=-1, drop=None, rotary=None,
+                   quantized=False):
+    """hf's tensors as the builder stores them (module docstring) in dst, in `dtype`, with
+    genai_config.json and the tokenizer. packed: one q/k/v MatMul (the builder's default for
+    GroupQueryAttention); tied: the embedding read from lm_head's weight; all-zero biases left out, as the
+    builder does. window: GroupQueryAttention's local_window_size. drop: a tensor left out. rotary:
+    (cos, sin) tables in place of the config's; quantized: one MatMulNBits node besides."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from specsample_cupy.convert.checkpoint import Checkpoint
+    from specsample_cupy.convert.families import layer_names, llama_shape
+
+    hf, dst = Path(hf), Path(dst)
+    ckpt = Checkpoint(hf)
+    s = llama_shape(ckpt.config)
+    dst.mkdir(parents=True)
+    tensors = {"lm_head.MatMul.weight": (ckpt.get("model.embed_tokens.weight") if s.tied
+                                         else ckpt.get("lm_head.weight")).T,
+               f"model.layers.{s.layers}.final_norm_layernorm.weight": ckpt.get("model.norm.weight")}
+    if not tied:
+        tensors["model.embed_tokens.weight"] = ckpt.get("model.embed_tokens.weight")
+    for i in range(s.layers):
+        names, p = layer_names(i), f"model.layers.{i}."
+        tensors[p + "input_layernorm.weight"] = ckpt.get(names["input_norm"])
+        tensors[p + "post_attention_layernorm.weight"] = ckpt.get(names["post_norm"])
+        qkv = [(n, ckpt.get(names[n]), ckpt.get(names[n + "_bias"]) if ckpt.has(names[n + "_bias"]) else None)
+               for n in "qkv"]
+        if packed:
+            tensors[p + "attn.qkv_proj.MatMul.weight"] = np.concatenate([w for _, w, _ in qkv]).T
+            if any(b is not None and b.any() for _, _, b in qkv):
+                tensors[p + "attn.qkv_proj.Add.bias"] = np.concatenate([b for _, _, b in qkv])
+        for n, w, b in ([] if packed else qkv) + [("o", ckpt.get(names["o"]),
+                                                   ckpt.get(names["o_bias"]) if ckpt.has(names["o_bias"]) else None)]:
+            tensors[p + f"attn.{n}_proj.MatMul.weight"] = w.T
+            if b is not None and b.any():
+                tensors[p + f"attn.{n}_proj.Add.bias"] = b
+        for n in ("gate", "up", "down"):
+            tensors[p + f"mlp.{n}_proj.MatMul.weight"] = ckpt.get(names[n]).T
+    if rotary is None:   # as the builder computes them: float32 angles, then the model's dtype
+        angles = np.arange(s.context, dtype=np.float32)[:, None] * np.asarray(s.inv_freq, np.float32)[None, :]
+        rotary = np.cos(angles), np.sin(angles)
+    tensors["cos_cache"], tensors["sin_cache"] = rotary
+    inits = [numpy_helper.from_array(np.ascontiguousarray(np.asarray(v, np.float32).astype(dtype)), k)
+             for k, v in tensors.items() if k != drop]
+    nodes = [helper.make_node("SkipSimplifiedLayerNormalization", ["x", "skip", f"model.layers.{i}.{n}.weight"],
+                              [f"n{i}{n}"], name=f"/model/layers.{i}/{n}/SkipLayerNorm", domain="com.microsoft",
+                              epsilon=s.rms_eps)
+             for i in range(s.layers) for n in ("input_layernorm", "post_attention_layernorm")]
+    nodes += [helper.make_node("GroupQueryAttention", ["q"], [f"a{i}"], name=f"/model/layers.{i}/attn/GQA",
+                               domain="com.microsoft", num_heads=s.heads, kv_num_heads=s.kv_heads, do_rotary=1,
+                               rotary_interleaved=0, local_window_size=window, softcap=0.0)
+              for i in range(s.layers)]
+    if quantized:
+        nodes.append(helper.make_node("MatMulNBits", ["x"], ["y"], domain="com.microsoft", bits=4))
+    graph = helper.make_graph(nodes, "main_graph", [], [], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    onnx.save_model(model, str(dst / "model.onnx"))
+    config = json.loads((hf / "config.json").read_text())
+    (dst / "genai_config.json").write_text(json.dumps(genai_config(config, "model.onnx", True)))
+    shutil.copyfile(hf / "tokenizer.json", dst / "tokenizer.json")
     return dst

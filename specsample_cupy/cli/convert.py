@@ -14,9 +14,9 @@ from specsample_cupy.cli.decode import CONTEXT_SETTINGS
                    "one buffer written in place: faster on CUDA (float16), one prompt per call.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT_DIR if it exists and is not empty.")
 def convert(hf_dir, out_dir, dtype, attention, overwrite):
-    """Convert a Llama, Qwen2, Mistral or GPT-2 checkpoint (safetensors, no torch needed), or an optimum
-    ONNX export of a Llama, Qwen2 or Mistral model, into a model folder that `specsample decode
-    --target/--draft` runs with CUDA graphs."""
+    """Convert a Llama, Qwen2, Mistral or GPT-2 checkpoint (safetensors, no torch needed), or an ONNX
+    Runtime GenAI builder folder or optimum ONNX export of a Llama, Qwen2 or Mistral model, into a model
+    folder that `specsample decode --target/--draft` runs with CUDA graphs, at any batch size."""
     from specsample_cupy.convert import ConversionError
     from specsample_cupy.convert import convert as run_convert
 

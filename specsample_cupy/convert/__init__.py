@@ -5,15 +5,17 @@
     convert("Qwen2.5-1.5B-Instruct/", "qwen-1.5b-cpu/", dtype="float32")   # for the CPU
 
 Reads config.json, model.safetensors (or the shards of model.safetensors.index.json) or, in a
-folder without them, an ONNX export's weights (optimum: convert/onnx_checkpoint.py), tokenizer.json
-and generation_config.json; writes model.onnx (+ model.onnx.data above 1 GB of
-weights), config.json, tokenizer files and generation_config.json. Architectures:
+folder without them, an ONNX export's weights (ONNX Runtime GenAI's builder:
+convert/builder_checkpoint.py; optimum: convert/onnx_checkpoint.py), tokenizer.json and
+generation_config.json; writes model.onnx (+ model.onnx.data above 1 GB of weights), config.json,
+tokenizer files and generation_config.json. Architectures:
 LlamaForCausalLM (Llama 2, 3, 3.1/3.2 with llama3 rope scaling), Qwen2ForCausalLM,
 MistralForCausalLM (llama_graph.py) and GPT2LMHeadModel (models/export_onnx.py's graph).
 The output runs on the device loop with every run captured as a CUDA graph.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import tempfile
@@ -38,12 +40,15 @@ def _weight_bytes(s, itemsize: int) -> int:
 
 
 def open_checkpoint(folder) -> TensorFolder:
-    """The safetensors checkpoint in `folder`, or an ONNX export of one (onnx_checkpoint.py) when the
-    folder has no safetensors but a decoder ONNX file."""
+    """The safetensors checkpoint in `folder`; where the folder has no safetensors, an ONNX Runtime
+    GenAI builder folder (builder_checkpoint.py) or an optimum export (onnx_checkpoint.py)."""
+    from specsample_cupy.convert.builder_checkpoint import BuilderCheckpoint, is_builder_folder
     from specsample_cupy.convert.onnx_checkpoint import OnnxCheckpoint, onnx_file
 
     path = Path(folder)
     has_safetensors = (path / "model.safetensors").exists() or (path / "model.safetensors.index.json").exists()
+    if not has_safetensors and path.is_dir() and is_builder_folder(path):
+        return BuilderCheckpoint(path)
     if not has_safetensors and path.is_dir() and onnx_file(path) is not None:
         return OnnxCheckpoint(path)
     return Checkpoint(path)
@@ -56,6 +61,7 @@ def _write_llama(ckpt: TensorFolder, out: Path, dtype: str, attention: str) -> d
     from specsample_cupy.convert.llama_graph import build_graph
 
     shape = llama_shape(ckpt.config)
+    shape = dataclasses.replace(shape, inv_freq=tuple(ckpt.inv_freq(shape)))
     external = None
     if _weight_bytes(shape, np.dtype(dtype).itemsize) > INLINE_LIMIT:
         external = ExternalData(out / "model.onnx.data")

@@ -29,7 +29,7 @@ def read_json(path: Path) -> dict:
 class TensorFolder:
     """A folder of named tensors with a Hugging Face config.json: config (dict), names(), has(name),
     get(name) -> np.ndarray in the stored dtype (subclasses: their _where maps each name to where the
-    tensor is), get_float(), side_file()."""
+    tensor is), get_float(), side_file(), and the rotary embedding's frequencies and tables."""
 
     def __init__(self, folder):
         self.folder = Path(folder)
@@ -64,6 +64,15 @@ class TensorFolder:
     def side_file(self, name: str) -> Path | None:
         path = self.folder / name
         return path if path.exists() else None
+
+    def inv_freq(self, shape) -> tuple:
+        """The rotary inverse frequencies: the config's (families.llama_shape), unless the folder holds
+        its own tables (builder_checkpoint.py)."""
+        return shape.inv_freq
+
+    def rotary_tables(self, shape, dtype) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin [context, head_dim / 2] that the converted graph rotates by."""
+        return shape.rotary_tables(dtype)
 
 
 class Checkpoint(TensorFolder):

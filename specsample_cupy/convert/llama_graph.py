@@ -155,7 +155,7 @@ def build_graph(checkpoint, s: LlamaShape, g: GraphBuilder, attention: str = "on
     inputs, outputs = _io(s, onnx_type(g.compute_dtype), attention)
     embed = g.weight(w.get("model.embed_tokens.weight", (s.vocab_size, s.hidden)), "embed_tokens")
     x = g.op("Gather", [embed, "input_ids"], axis=0, hint="embed")
-    cos, sin = s.rotary_tables(g.compute_dtype)
+    cos, sin = checkpoint.rotary_tables(s, g.compute_dtype)
     rotary = (g.const(cos, "rotary_cos"), g.const(sin, "rotary_sin"))
     if attention == "gqa":
         counts = g.op("ReduceSum", ["attention_mask", g.const(np.array([1], np.int64))], keepdims=0)
