@@ -27,14 +27,18 @@ SUMMED = ("rounds", "proposed", "accepted", "generated_tokens", "prefill_model_t
 SUMMED_TIMED = ("model_time_s", "verify_time_s")   # None when the runs were not timed
 
 
+BATCHES_WHEN_CONVERTED = "; the default layout of `specsample convert` (builder folders too) batches"
+
+
 def one_prompt_reason(dec, speculative: bool) -> str | None:
     """Why decoder `dec` decodes one prompt per call (module docstring), or None when it batches."""
     sessions = call_sessions(dec, speculative)
     if numbers_by_column(sessions):
-        return "a model of the pair has no position_ids input (it numbers tokens by cache column)"
+        return "a model of the pair has no position_ids input (it numbers tokens by cache column)" \
+            + BATCHES_WHEN_CONVERTED
     if any(getattr(s, "shared_buffer", False) for s in sessions):
         return ("GroupQueryAttention over a shared buffer runs several new tokens over a past at batch 1 only "
-                "(ONNX Runtime)")
+                "(ONNX Runtime)" + BATCHES_WHEN_CONVERTED)
     return None
 
 
