@@ -92,6 +92,12 @@ def test_refusals_name_what_they_cannot_write(tmp_path):
         (dict(rotary=(1.2 * np.cos(angles), 1.2 * np.sin(angles))), "mscale"),
         (dict(genai=lambda g: {**g, "model": {**g["model"], "type": "gemma"}}), "model type 'gemma'"),
         (dict(genai=lambda g: {**g, "model": {**g["model"], "decoder": {**g["model"]["decoder"],
+                                                                        "num_hidden_layers": 2}}}),
+         "num_hidden_layers = 2 but model.onnx has 1 layers"),
+        (dict(genai=lambda g: {**g, "model": {**g["model"], "decoder": {**g["model"]["decoder"],
+                                                                        "num_key_value_heads": 4}}}),
+         "the config implies"),
+        (dict(genai=lambda g: {**g, "model": {**g["model"], "decoder": {**g["model"]["decoder"],
                                                                         "filename": "other.onnx"}}}), "other.onnx"),
     ]
     for k, (export, match) in enumerate(cases):

@@ -105,7 +105,10 @@ class BuilderCheckpoint(TensorFolder):
         config = {k: v for k, v in config.items() if k != "past_present_share_buffer"}
         if window > 0:
             config.update(sliding_window=window, use_sliding_window=True)
-        layers = int(config.get("num_hidden_layers", 0))
+        layers = sum(1 for t in self._inits if t.endswith(".input_layernorm.weight"))
+        if config.get("num_hidden_layers") != layers:
+            raise ConversionError(f"{self.folder / GENAI_CONFIG} says num_hidden_layers = "
+                                  f"{config.get('num_hidden_layers')} but {self.path.name} has {layers} layers")
         gate = self._init("model.layers.0.mlp.gate_proj.MatMul.weight")
         biases = [f"model.layers.{i}.attn.{p}.Add.bias" for i in range(layers)
                   for p in ("qkv_proj", "q_proj", "o_proj")]
