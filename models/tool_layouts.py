@@ -173,6 +173,8 @@ def builder_export(hf, dst, *, dtype=np.float32, packed=True, tied=False, window
                                domain="com.microsoft", num_heads=s.heads, kv_num_heads=s.kv_heads, do_rotary=1,
                                rotary_interleaved=0, local_window_size=window, softcap=0.0)
               for i in range(s.layers)]
+    if tied:
+        nodes.append(helper.make_node("Transpose", ["lm_head.MatMul.weight"], ["embed"], perm=[1, 0]))
     if quantized:
         nodes.append(helper.make_node("MatMulNBits", ["x"], ["y"], domain="com.microsoft", bits=4))
     graph = helper.make_graph(nodes, "main_graph", [], [], initializer=inits)

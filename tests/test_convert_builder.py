@@ -88,6 +88,7 @@ def test_refusals_name_what_they_cannot_write(tmp_path):
     cases = [
         (dict(quantized=True), "quantized weights \\(MatMulNBits\\)"),
         (dict(drop="model.layers.0.mlp.up_proj.MatMul.weight"), "model.layers.0.mlp.up_proj.MatMul.weight"),
+        (dict(drop="model.embed_tokens.weight"), "model.embed_tokens.weight"),   # inputs_embeds
         (dict(rotary=(np.cos(angles[:, :4]), np.sin(angles[:, :4]))), "partial rotary"),
         (dict(rotary=(1.2 * np.cos(angles), 1.2 * np.sin(angles))), "mscale"),
         (dict(genai=lambda g: {**g, "model": {**g["model"], "type": "gemma"}}), "model type 'gemma'"),

@@ -110,11 +110,15 @@ class BuilderCheckpoint(TensorFolder):
             raise ConversionError(f"{self.folder / GENAI_CONFIG} says num_hidden_layers = "
                                   f"{config.get('num_hidden_layers')} but {self.path.name} has {layers} layers")
         gate = self._init("model.layers.0.mlp.gate_proj.MatMul.weight")
+        # Tied: the embedding is lm_head's weight transposed (a Transpose node feeds the Gather).
+        tied = any(n.op_type == "Transpose" and "lm_head.MatMul.weight" in n.input for n in nodes)
+        if not tied:
+            self._init("model.embed_tokens.weight")   # absent: the graph takes inputs_embeds
         biases = [f"model.layers.{i}.attn.{p}.Add.bias" for i in range(layers)
                   for p in ("qkv_proj", "q_proj", "o_proj")]
         config.update(architectures=[ARCHITECTURES[model_type]], model_type=model_type, hidden_act="silu",
                       intermediate_size=int(gate.dims[1]), rms_norm_eps=float(_attribute(norm, "epsilon", 1e-6)),
-                      tie_word_embeddings="model.embed_tokens.weight" not in self._inits,
+                      tie_word_embeddings=tied,
                       attention_bias=any(b in self._inits for b in biases))
         return config
 
@@ -127,7 +131,7 @@ class BuilderCheckpoint(TensorFolder):
         """Hugging Face name -> how to read it: (initializer, transposed?) or a packed slice."""
         where = {"lm_head.weight": ("lm_head.MatMul.weight", True),
                  "model.norm.weight": (f"model.layers.{layers}.final_norm_layernorm.weight", False)}
-        if "model.embed_tokens.weight" in self._inits:
+        if not self.config["tie_word_embeddings"]:
             where["model.embed_tokens.weight"] = ("model.embed_tokens.weight", False)
         else:
             where["model.embed_tokens.weight"] = ("lm_head.MatMul.weight", True)
