@@ -1,4 +1,4 @@
-"""Speculative rounds with their bookkeeping on the GPU (decode_device) against the host-driven rounds:
+"""Speculative rounds with their bookkeeping on the GPU (device_loop) against the host-driven rounds:
 the same Philox offsets and the same rules, so the same tokens but for float near-ties."""
 import pytest
 

@@ -208,7 +208,7 @@ def test_a_stop_lasts_to_the_call_end():
 
 @pytest.mark.parametrize("loop", list(LOOPS))
 def test_target_steps_follow_drafting_only_to_the_call_end(loop):
-    """The loops' contract (decode_device._enqueue): a call opens with at most its probe steps (the
+    """The loops' contract (device_loop.DeviceRounds._enqueue): a call opens with at most its probe steps (the
     device loop's draft catches up on one target step, not two), and a target step after a drafting
     round lasts to the call's end. Every simulated call keeps it."""
     opening = 2 if loop == "host" else 1
@@ -342,7 +342,7 @@ def test_host_loop_falls_back_to_target_steps(embedded, monkeypatch, draft):
 class ScriptedGamma(FixedGamma):
     """Hands out a fixed sequence of gammas (then its last again), target steps included: the loops'
     mechanics of a call that switches to target steps, apart from any choice. Keeps the loops'
-    contract (decode_device._enqueue): a target step after drafting lasts to the call's end."""
+    contract (device_loop.DeviceRounds._enqueue): a target step after drafting lasts to the call's end."""
 
     target_steps = True
 

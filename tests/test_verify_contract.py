@@ -5,7 +5,7 @@ exact error code of the request that got the edge case, that a request with an e
 nothing (tokens -1, accepted -1, emitted 0), and that every other request -- and the edited
 request itself where its edit touched only rows, ids or positions the method must not read --
 comes out exactly as in the same call without the edit. Only the rows a decision reads are
-validated (reference.reference_verify's rule, issue 38; "baseline" still validates every active
+validated (cpu_numpy.reference_verify's rule, issue 38; "baseline" still validates every active
 row), so request S's problem is laid out for it: position 0 is surely accepted, position 1 surely
 rejected (the stop, whose rows are read whole), rows past it are never read; each bad-row edit comes
 in a variant that is read (its code, no token) and one that is not, for some or all methods (code 0,

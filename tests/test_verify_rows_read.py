@@ -1,4 +1,4 @@
-"""Verification validates the rows its decisions read, and no others (reference.reference_verify's
+"""Verification validates the rows its decisions read, and no others (cpu_numpy.reference_verify's
 docstring states the rule; kernels_cu/verify.cu's first_rejection() applies it): a row no decision
 reads may hold NaN or no mass without changing any token; a row that is read still yields its error
 code and no token; and the emitted token follows each method's rule wherever the first rejection

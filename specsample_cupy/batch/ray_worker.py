@@ -1,11 +1,11 @@
 """The Ray side of `specsample generate --ray`: a share of the pending requests as one dataset row, and
 the actor that decodes such rows.
 
-A row is one share of the work (generate_ray.shares), decoded the way the single-process runner
+A row is one share of the work (ray_driver.shares), decoded the way the single-process runner
 decodes: by default with continuous batching, one generate_stream() call of --batch-size rows over
 the share's requests, each with its own settings, so every request gets the tokens it gets decoded
 alone; with static batching (--static, or options continuous batching does not take) a share is one
-batch of generate_run's rule (equal settings, at most --batch-size requests), one generate() call.
+batch of batch/runner.py's rule (equal settings, at most --batch-size requests), one generate() call.
 A worker answers a row with one outcome row per request: the request's output line as JSON, or the
 message the command reports for it (a prompt too long for the context, requests the decoder
 refused). Only plain pyarrow types cross the process boundary; ids travel as their JSON keys, so

@@ -4,9 +4,9 @@ Each request's line is appended (and flushed) as the request finishes and the fi
 every --batch-size lines, so an interrupted run loses at most the requests still being decoded; running
 the same command again skips the ids the output already holds and cuts away a torn last line. Bad input
 lines (malformed, duplicate or missing ids, prompts too long for the context) are reported on stderr and
-skipped. Requests are decoded with continuous batching (generate_run.Runner.run_stream), or with
+skipped. Requests are decoded with continuous batching (batch/runner.py's Runner.run_stream), or with
 --static (and where continuous batching cannot run: --gamma auto, --adaptive-gamma, method baseline)
-in generate() calls by generate_run's batching rule. With --ray, cli_generate_ray hands the requests to
+in generate() calls by batch/runner.py's batching rule. With --ray, cli/generate_ray.py hands the requests to
 a pool of Ray workers, which batch them the same way, and this process writes their lines.
 
 Every line records the run's settings (batch/run_settings.py); a resume with other settings is refused

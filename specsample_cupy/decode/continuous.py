@@ -10,14 +10,14 @@ its row is reset and fed while the other rows' columns are holes.
 
 Every request has its own max_new_tokens, temperature and seed: its own, or by default the one
 seeds.request_seed derives from the call's base seed and its index, as generate() derives them. Its
-random numbers are keyed by that seed and counted from its own first round (decode_host.RequestStreams,
+random numbers are keyed by that seed and counted from its own first round (host_loop.RequestStreams,
 verify()'s `streams`), never by its row or by the requests around it, so it gets the tokens
 generate([prompt], seed=its seed, ...) gives it alone, greedy or sampled (up to float near-ties of the
 batched model runs).
 
-On CUDA the rounds are the device loop's where generate() would run it (decode_device.DeviceRounds:
+On CUDA the rounds are the device loop's where generate() would run it (device_loop.DeviceRounds:
 a newcomer's state and prefill are enqueued behind the rounds in flight, DeviceRounds.refill()),
-else the host loop's (decode_host.HostRounds), as on the CPU; gamma is fixed (0, or method "target":
+else the host loop's (host_loop.HostRounds), as on the CPU; gamma is fixed (0, or method "target":
 target-only steps).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Speculative decoding with a target/draft pair of ONNX decoders: SpeculativeDecoder.generate().
 
 A call: set-up (encode the prompts, the requests' state, the caches), prefill (every prompt but its
-last token through both models), rounds (decode_device on CUDA, decode_host on the CPU and for
+last token through both models), rounds (device_loop on CUDA, host_loop on the CPU and for
 models without CUDA graphs: propose gamma drafts, score gamma + 1 positions, verify, take the
 accepted tokens, roll the caches back; gamma = 0 is a target-only step), statistics
 (decode_stats). Logits stay on the device; a round's one read is a few integers per request.
@@ -76,8 +76,8 @@ class SpeculativeDecoder:
             (sessions_static) when it has a position_ids input and no use_cache_branch input, and let
             ONNX Runtime replay its runs as CUDA graphs when its graph has no CPU nodes; other models,
             or False, rebind every run (sessions.DecoderSession).
-        device_rounds: with fixed bindings, decode with the device loop (decode_device: every method,
-            target-only too, bookkeeping on the GPU); False runs the host loop (decode_host), which
+        device_rounds: with fixed bindings, decode with the device loop (device_loop: every method,
+            target-only too, bookkeeping on the GPU); False runs the host loop (host_loop), which
             is also what runs on the CPU and for models that rebind every run.
         cpu_threads: on the CPU, the threads each model run may use (None: ONNX Runtime's default,
             every core). Processes sharing a machine should split its cores between them.
@@ -161,8 +161,8 @@ class SpeculativeDecoder:
         self.cuda_graphs = {}   # role -> True, or why the model runs without CUDA graphs
         self._events = []   # the loops' reusable CUDA events
         self.uploads = PinnedRing(UPLOAD_SLOTS)   # upload()'s page-locked slots, shared by both loops
-        self._round_buffers = {}   # decode_device's buffers and launches, per shape
-        self._model_costs = {}     # decode_device's calibrated per-round model costs, per plan
+        self._round_buffers = {}   # device_loop's buffers and launches, per shape
+        self._model_costs = {}     # device_loop's calibrated per-round model costs, per plan
         self._auto_memory = {}     # gamma="auto": what calls measured, per (method, temperature, batch)
         self._busy = threading.Lock()   # held by the generate() that runs
         self.device_rounds = True

@@ -2,7 +2,7 @@
 
 The device keeps its own copy of the requests' state (sequences, lengths, budgets, finished flags,
 both caches' slot masks) and one small kernel between two model runs does what the host loop's
-NumPy lines do (decode_host):
+NumPy lines do (host_loop):
 
     draft run i      (a captured graph: S = 2 for i = 0, the tokens the draft has not seen; else S = 1)
     draft_step_done  sample the draft token, keep its logits row, commit the run's KV columns and
@@ -24,12 +24,12 @@ gamma may change from round to round (gamma_policy): the buffers are sized for t
 gamma, a round of gamma drafts uses their first B * gamma rows, and the choice for round r + 1 is made
 when round r is enqueued, from the reports read by then. A call whose policy may stop drafting also
 gets the target's S = 1 step on its buffers (enable_target_steps); a target step at round r samples
-at offset r * (cap + 1), decode_host's rule. Truncated sampling, log-probabilities, cache compaction
+at offset r * (cap + 1), host_loop's rule. Truncated sampling, log-probabilities, cache compaction
 on the device and continuous batching's refills (refill()): docs/decode-loop.md ("The device loop").
 
 Buffers and launches: round_buffers.py; automatic gamma's costs: device_cost.py.
 Used on CUDA when the models run with fixed bindings (sessions_static) and their logits share a dtype
-(float32/float16); otherwise decode_host runs.
+(float32/float16); otherwise host_loop runs.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class DeviceRounds:
 
     Continuous batching (continuous.py) gives finished rows new requests between rounds: refill()
     enqueues the newcomers' state and prefill behind the rounds in flight, so the loop never
-    drains; streams, a decode_host.RequestStreams, keys each row's random numbers by its request
+    drains; streams, a host_loop.RequestStreams, keys each row's random numbers by its request
     (with a fixed gamma: its offsets count its own rounds), and temperature is then [B] on the
     device, each row's, updated in place.
     """
@@ -107,12 +107,12 @@ class DeviceRounds:
         buf.start(req, (target_cache, draft_cache), gamma=self.gammas[0], temperature=temperature, seed=seed,
                   pad_id=req.pad_id, pos_limit=self.pos_limit, stream=self.stream,
                   warps=warps, logprobs=logprobs, stream_base=self._stream_base)
-        # generate(logprobs=True): per request, one log-probability per token taken (as decode_host's).
+        # generate(logprobs=True): per request, one log-probability per token taken (as host_loop's).
         self.logprobs = [[] for _ in range(B)] if logprobs else None
 
     def _upload_streams(self, streams):
         """[B, 2] int64 on the device, each row's (seed, offset base): the base makes a launch's offset
-        (the loop's round) the request's own, counted from the round it joined at (decode_host's
+        (the loop's round) the request's own, counted from the round it joined at (host_loop's
         offsets: own round * (cap + 1) + step, or own round for target steps). None without streams."""
         if streams is None:
             return None
@@ -181,7 +181,7 @@ class DeviceRounds:
         if buf.warps is not None:   # the thresholds / statistics of the rows target_step_done samples
             buf.row_warps(self.stream, buf.target_steps[1].logits.data.ptr, 1, self.temperature, buf.warps)
         buf.set_commit(launch.commit, 1, L)
-        # Round r's first offset (decode_host's rule): r in target-only calls, no earlier round's in others.
+        # Round r's first offset (host_loop's rule): r in target-only calls, no earlier round's in others.
         launch(self.stream, offset=(r * self.per_round) & 0xFFFFFFFF, L_run=L, report=report,
                lp_out=buf.logprobs_slot(r))
 

@@ -1,5 +1,5 @@
 """The host-driven decode loop: the reference on the CPU, and on CUDA for models that cannot run with
-fixed bindings (decode_device needs CUDA graphs).
+fixed bindings (device_loop needs CUDA graphs).
 
 A speculative round: the draft proposes gamma tokens one run at a time (sampled with sample_tokens),
 the target scores gamma + 1 positions in one run, verify() accepts a prefix and picks the next

@@ -1,7 +1,7 @@
 """The host's view of a batch of requests: each row's tokens, budget, and why it finished.
 
-Both decode loops keep it: the host loop (decode_host) decides each round's appends here, the
-device loop (decode_device) decides them on the GPU with the same rules and the host applies them
+Both decode loops keep it: the host loop (host_loop) decides each round's appends here, the
+device loop (device_loop) decides them on the GPU with the same rules and the host applies them
 with take(). Shapes: seq [B, P] int64 (prompt then generated tokens, left-aligned, pad after),
 seq_len, prompt_len, budget [B] int64, finished [B] bool.
 """
@@ -126,7 +126,7 @@ class Requests:
         return np.where(self.finished, 0, np.minimum(gamma, self.remaining - 1))
 
     def take(self, tokens: np.ndarray, taken: np.ndarray, finished: np.ndarray) -> np.ndarray:
-        """Apply decisions made elsewhere (decode_device's round_done, which follows append()'s rules):
+        """Apply decisions made elsewhere (device_loop's round_done, which follows append()'s rules):
         row b takes tokens[b, :taken[b]]; `finished` is the new finished flags. Rows the host stopped
         (stop()) take nothing more and stay finished, whatever the device still did for them."""
         taken = np.where(self.stopped, 0, taken)

@@ -15,7 +15,7 @@ verification plans are process-wide). Writing its slots and launching happen und
 lock, as one step; the driver copies the parameter block when the launch is made, so another
 thread may rewrite the slots as soon as the call returns. Values a caller writes with set() stay
 until the next write, so a Launch whose slots are set() between calls must have one user at a time
-(decode_device's launches are per decoder, and a decoder runs one generate() at a time).
+(device_loop's launches are per decoder, and a decoder runs one generate() at a time).
 Compilation and PlanCache are locked too.
 
 Capture rule: a CUDA graph captured from a launch keeps the addresses of the plan's workspace. A

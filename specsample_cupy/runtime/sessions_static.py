@@ -299,7 +299,7 @@ class StaticDecoderSession(DecoderSession):
         return step.logits
 
     def replay(self, step: _Step):
-        """Run a step whose feeds are already on the device (decode_device writes them); the caller
+        """Run a step whose feeds are already on the device (device_loop writes them); the caller
         commits its present columns and keeps the cache's column count."""
         self._run(step.binding, step.options)
         self.graph_steps += step.graph_id >= 0

@@ -17,7 +17,7 @@ WARP_METHODS = ("exact", "greedy")                          # accept top_k / top
 # The paper's released code: sigmoid((z + 10000) / 20000).
 SIGMOID_OFFSET, SIGMOID_SCALE = -10000.0, 20000.0
 # method="sigmoid": "softmax-bonus" (the default: the bonus token exactly from softmax) or "paper"
-# (the paper's released code as written); reference.reference_verify states both rules.
+# (the paper's released code as written); cpu_numpy.reference_verify states both rules.
 SIGMOID_VARIANTS = ("softmax-bonus", "paper")
 
 

@@ -27,7 +27,7 @@ def sample_tokens(logits, *, temperature=1.0, seed=0, offset=0, top_k=None, top_
     streams: None or [B, 2] int64 per-request (seed, offset), as verify()'s: row b then draws what
         a one-row call with seed=streams[b, 0], offset=streams[b, 1] draws (seed, offset ignored).
     Returns [B] int32 of the input's module; on CuPy, rows with NaN/+Inf logits give -1 and rows
-    with no finite logit -2 (callers check: decode_host raises, decode_device reports an error).
+    with no finite logit -2 (callers check: host_loop raises, device_loop reports an error).
     (_out: the decoder's reused int32 buffer of 4B elements for the fast path; the result is a view
     of it that the next call overwrites.)
     """
