@@ -1,5 +1,5 @@
-"""Continuous batching on CUDA runs the device loop (continuous_device.py: segments, rows refilled
-between them): every request gets the tokens generate() gives it alone (also the device loop), greedy
+"""Continuous batching on CUDA runs the device loop (device_loop.DeviceRounds.refill(): rows refilled
+behind the round in flight): every request gets the tokens generate() gives it alone (also the device loop), greedy
 and sampled with its own seed and temperature, with truncation and log-probabilities, through
 target steps and prompt lookup."""
 import numpy as np
