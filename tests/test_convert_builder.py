@@ -103,3 +103,18 @@ def test_refusals_name_what_they_cannot_write(tmp_path):
     ]
     for k, (export, match) in enumerate(cases):
         _refused(tmp_path / str(k), match, **export)
+
+
+def test_the_command_converts_a_folder_or_says_why_not_in_one_line(tmp_path):
+    """`specsample convert BUILDER_DIR OUT_DIR`: "wrote OUT_DIR", or exit 1 with one line on stderr."""
+    from cli import main
+    from helpers_cli import split_runner
+    hf = write_checkpoint(tmp_path / "hf", {**TINY["qwen2-tied"], "num_hidden_layers": 1}, dtype="float32", seed=4)
+    good = builder_export(hf, tmp_path / "good")
+    result = split_runner().invoke(main, ["convert", str(good), str(tmp_path / "out"), "--dtype", "float32"])
+    assert result.exit_code == 0 and result.stdout.strip() == f"wrote {tmp_path / 'out'}"
+    assert (tmp_path / "out" / "model.onnx").exists()
+    bad = builder_export(hf, tmp_path / "bad", quantized=True)
+    result = split_runner().invoke(main, ["convert", str(bad), str(tmp_path / "out2")])
+    assert result.exit_code == 1 and not (tmp_path / "out2").exists()
+    assert len(result.stderr.strip().splitlines()) == 1 and "MatMulNBits" in result.stderr
