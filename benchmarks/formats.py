@@ -9,6 +9,8 @@ greedy speculative at equal work (bench decode's run_bench: 128 tokens per reque
                                                                              a batch runs prompt by prompt)
     builder        converted-gqa laid out as ONNX Runtime GenAI's builder     rewritten once for fixed bindings
                    writes it (models/tool_layouts.builder_folder)             (one prompt at a time)
+    builder-       the checkpoint's weights as the builder names them         as it is; its conversion's time
+    converted      (tool_layouts.builder_export), then specsample convert     is the format's conversion_s
     optimum        the checkpoint's weights as optimum exports them           converted once into the cache
                    (models/tool_layouts.optimum_export, external data)
 
@@ -32,24 +34,36 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def build_formats(work: Path, pair: str, seed: int = 0) -> dict[str, tuple[Path, Path]]:
-    """{format: (target, draft)} under work, each built once (a folder is complete once it exists)."""
+def build_formats(work: Path, pair: str, seed: int = 0, conversion_s: dict | None = None) -> dict[str, tuple]:
+    """{format: (target, draft)} under work, each built once (a folder is complete once it exists);
+    conversion_s gets builder-converted's conversion seconds per role when this call converts."""
     import numpy as np
 
     from models import build_real_pair, tool_layouts
     from specsample_cupy.convert import convert
 
-    hf = work / "hf"
+    hf, made, conversion_s = work / "hf", {}, {} if conversion_s is None else conversion_s
     if not (hf / "draft" / "config.json").exists():
         shutil.rmtree(hf, ignore_errors=True)
         build_real_pair.write_pair_checkpoints(pair, hf, dtype="float16", seed=seed)
-    made = {}
+
+    def builder_converted(src, dst, role):
+        export = work / "builder-export" / role
+        if not export.exists():
+            shutil.rmtree(export.with_name(role + ".partial"), ignore_errors=True)
+            tool_layouts.builder_export(src, export.with_name(role + ".partial"), dtype=np.float16, external=True)
+            export.with_name(role + ".partial").rename(export)
+        start = time.perf_counter()
+        convert(export, dst)
+        conversion_s[role] = time.perf_counter() - start
+
     for fmt, make in (
             ("converted", lambda src, dst, role: convert(src, dst, attention="onnx")),
             ("converted-gqa", lambda src, dst, role: convert(src, dst, attention="gqa")),
             ("builder", lambda src, dst, role: tool_layouts.builder_folder(work / "converted-gqa" / role, dst)),
             ("optimum", lambda src, dst, role: tool_layouts.optimum_export(src, dst, dtype=np.float16,
-                                                                           external=True))):
+                                                                           external=True)),
+            ("builder-converted", builder_converted)):
         for role in ("target", "draft"):
             dst = work / fmt / role
             if not dst.exists():
@@ -109,7 +123,7 @@ def main():
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--gammas", default="4,auto")
-    parser.add_argument("--formats", default="converted,converted-gqa,builder,optimum")
+    parser.add_argument("--formats", default="converted,converted-gqa,builder,optimum,builder-converted")
     parser.add_argument("--json", default=None)
     parser.add_argument("--build-only", action="store_true", help="write the folders and stop")
     args = parser.parse_args()
@@ -123,13 +137,16 @@ def main():
 
     batches = [int(b) for b in args.batches.split(",")]
     gammas = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
-    folders = build_formats(args.work, args.pair)
+    conversion_s = {}
+    folders = build_formats(args.work, args.pair, conversion_s=conversion_s)
     report = {"pair": args.pair, "max_new_tokens": args.max_new_tokens, "seeds": args.seeds,
               "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "formats": {},
               "command": "python benchmarks/formats.py " + " ".join(sys.argv[1:])}
     for fmt in args.formats.split(","):
         try:
             report["formats"][fmt] = bench_format(*folders[fmt], batches, args.seeds, args.max_new_tokens, gammas)
+            if fmt == "builder-converted" and conversion_s:   # converted in this run
+                report["formats"][fmt]["conversion_s"] = conversion_s
         except Exception as exc:  # noqa: BLE001 - a format that fails is reported, the others still run
             report["formats"][fmt] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}", "runs": []}
         print(fmt, {k: v for k, v in report["formats"][fmt].items() if k != "runs"}, flush=True)

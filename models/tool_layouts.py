@@ -121,12 +121,13 @@ def builder_folder(converted, dst):
 
 
 def builder_export(hf, dst, *, dtype=np.float32, packed=True, tied=False, window=-1, drop=None, rotary=None,
-                   quantized=False):
+                   quantized=False, external=False):
     """hf's tensors as the builder stores them (module docstring) in dst, in `dtype`, with
     genai_config.json and the tokenizer. packed: one q/k/v MatMul (the builder's default for
     GroupQueryAttention); tied: the embedding read from lm_head's weight; all-zero biases left out, as the
     builder does. window: GroupQueryAttention's local_window_size. drop: a tensor left out. rotary:
-    (cos, sin) tables in place of the config's; quantized: one MatMulNBits node besides."""
+    (cos, sin) tables in place of the config's; quantized: one MatMulNBits node besides; external: the
+    weights in model.onnx.data, as the builder stores them."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -180,7 +181,8 @@ def builder_export(hf, dst, *, dtype=np.float32, packed=True, tied=False, window
     graph = helper.make_graph(nodes, "main_graph", [], [], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
                                                     helper.make_opsetid("com.microsoft", 1)])
-    onnx.save_model(model, str(dst / "model.onnx"))
+    onnx.save_model(model, str(dst / "model.onnx"), save_as_external_data=external, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=0)
     config = json.loads((hf / "config.json").read_text())
     (dst / "genai_config.json").write_text(json.dumps(genai_config(config, "model.onnx", True)))
     shutil.copyfile(hf / "tokenizer.json", dst / "tokenizer.json")
