@@ -78,8 +78,10 @@ class BuilderCheckpoint(TensorFolder):
         self._inits = {t.name: t for t in model.graph.initializer}
         nodes = list(model.graph.node)
         window = self._refuse_what_it_cannot_write(nodes)
-        self.config = self._config(config, model_type, nodes, window)
+        self.config = c = self._config(config, model_type, nodes, window)
+        self.head_dim = int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
         self._where = self._hf_names(self.config["num_hidden_layers"])
+        self._last = (None, None)   # (tensor, array): the packed q/k/v tensor read last (q, k, v in turn)
         self.rotary = self._rotary()
 
     def _refuse_what_it_cannot_write(self, nodes) -> int:
@@ -143,9 +145,10 @@ class BuilderCheckpoint(TensorFolder):
             packed = p + "attn.qkv_proj.MatMul.weight" in self._inits
             for n in "qkv":
                 where[names[n]] = ("qkv", i, n) if packed else (p + f"attn.{n}_proj.MatMul.weight", True)
-                where[names[n + "_bias"]] = ("qkv_bias", i, n) if packed else (p + f"attn.{n}_proj.Add.bias", None)
+                where[names[n + "_bias"]] = ("qkv_bias", i, n) if packed else \
+                    ("bias", p + f"attn.{n}_proj.Add.bias", p + f"attn.{n}_proj.MatMul.weight")
             where[names["o"]] = (p + "attn.o_proj.MatMul.weight", True)
-            where[names["o_bias"]] = (p + "attn.o_proj.Add.bias", None)
+            where[names["o_bias"]] = ("bias", p + "attn.o_proj.Add.bias", p + "attn.o_proj.MatMul.weight")
             for n in ("gate", "up", "down"):
                 where[names[n]] = (p + f"mlp.{n}_proj.MatMul.weight", True)
         return where
@@ -156,13 +159,15 @@ class BuilderCheckpoint(TensorFolder):
 
     def _packed(self, i: int, n: str, bias: bool) -> np.ndarray:
         c = self.config
-        head_dim = int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
-        q, kv = c["num_attention_heads"] * head_dim, c.get("num_key_value_heads", c["num_attention_heads"]) * head_dim
+        q = c["num_attention_heads"] * self.head_dim
+        kv = c.get("num_key_value_heads", c["num_attention_heads"]) * self.head_dim
         start, width = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[n]
         tensor = f"model.layers.{i}.attn.qkv_proj." + ("Add.bias" if bias else "MatMul.weight")
         if bias and tensor not in self._inits:
             return np.zeros(width, np.float32)
-        packed = self._array(tensor)
+        if self._last[0] != tensor:   # q, k and v come from one read
+            self._last = (tensor, self._array(tensor))
+        packed = self._last[1]
         return packed[start:start + width] if bias else np.ascontiguousarray(packed[:, start:start + width].T)
 
     def get(self, name: str) -> np.ndarray:
@@ -171,19 +176,16 @@ class BuilderCheckpoint(TensorFolder):
             raise ConversionError(f"{self.folder}: the builder export has no tensor for {name!r}")
         if where[0] in ("qkv", "qkv_bias"):
             return self._packed(where[1], where[2], where[0] == "qkv_bias")
+        if where[0] == "bias":   # the builder leaves out an all-zero bias: its MatMul's width [in, out]
+            _, tensor, weight = where
+            return self._array(tensor) if tensor in self._inits else np.zeros(self._init(weight).dims[1], np.float32)
         tensor, transposed = where
-        if transposed is None:   # a bias: the builder leaves out an all-zero one
-            if tensor in self._inits:
-                return self._array(tensor)
-            rows = self.get(name[:-len(".bias")] + ".weight")
-            return np.zeros(rows.shape[0], np.float32)
         value = self._array(tensor)
         return np.ascontiguousarray(value.T) if transposed else value
 
     def _rotary(self):
         """(cos, sin) [rows, head_dim / 2] as float64 from the folder's tables, checked."""
-        c = self.config
-        head_dim = int(c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+        c, head_dim = self.config, self.head_dim
         cos, sin = (self._array(t).astype(np.float64) for t in ("cos_cache", "sin_cache"))
         if cos.ndim != 2 or cos.shape != sin.shape:
             raise ConversionError(f"{self.path}: cos_cache {cos.shape} and sin_cache {sin.shape} "
