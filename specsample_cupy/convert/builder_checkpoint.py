@@ -31,8 +31,8 @@ import numpy as np
 
 from specsample_cupy.convert.checkpoint import ConversionError, TensorFolder, read_json
 from specsample_cupy.convert.families import layer_names
+from specsample_cupy.runtime.genai_config import GENAI_CONFIG, config_from_genai
 
-GENAI_CONFIG = "genai_config.json"
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 QUANTIZED_OPS = ("MatMulNBits", "GatherBlockQuantized", "DequantizeLinear", "QMoE", "MatMulInteger")
 NORM_OPS = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization")
@@ -56,8 +56,6 @@ class BuilderCheckpoint(TensorFolder):
 
     def __init__(self, folder):
         import onnx
-
-        from specsample_cupy.runtime.genai_config import config_from_genai
 
         self.folder = Path(folder)
         genai_path = self.folder / GENAI_CONFIG

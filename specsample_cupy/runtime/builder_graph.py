@@ -17,6 +17,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from specsample_cupy.runtime.genai_config import GENAI_CONFIG
+
 TOTAL = "total_sequence_length"
 GQA = "GroupQueryAttention"
 
@@ -68,7 +70,7 @@ def for_fixed_bindings(onnx_path, cache_root: Path | None = None) -> tuple[Path,
     from specsample_cupy.runtime.layout import derived_folder
 
     onnx_path = Path(onnx_path)
-    if not (onnx_path.parent / "genai_config.json").exists():
+    if not (onnx_path.parent / GENAI_CONFIG).exists():
         return onnx_path, None
     folder = derived_folder("graphs", onnx_path)
     if cache_root is not None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+GENAI_CONFIG = "genai_config.json"   # what marks a builder folder
+
 # genai_config.json's model.decoder keys -> config.json's
 _DECODER_KEYS = {"head_size": "head_dim", "hidden_size": "hidden_size", "num_attention_heads": "num_attention_heads",
                  "num_key_value_heads": "num_key_value_heads", "num_hidden_layers": "num_hidden_layers"}

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specsample_cupy.runtime.genai_config import config_from_genai
+from specsample_cupy.runtime.genai_config import GENAI_CONFIG, config_from_genai
 
 MODEL_FILES = ("model.onnx", "decoder_model_merged.onnx", "decoder_with_past_model.onnx")
 CONTEXT_KEYS = ("n_positions", "max_position_embeddings", "n_ctx")
@@ -88,7 +88,7 @@ class ModelSpec:
         if not model_dir.is_dir():
             raise ValueError(f"model directory {model_dir} does not exist")
         config_path = model_dir / "config.json"
-        genai_path = model_dir / "genai_config.json"
+        genai_path = model_dir / GENAI_CONFIG
         genai_file = None
         if not config_path.exists() and genai_path.exists():   # ONNX Runtime GenAI's builder folder
             config, genai_file = config_from_genai(_read_json(genai_path), genai_path)

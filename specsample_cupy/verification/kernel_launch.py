@@ -12,8 +12,9 @@ PLAN_LIMIT plans, plus those used during a CUDA graph capture, which stay for th
 Constants shared with the CUDA sources (error codes, Philox purposes) are defined once in Python
 (specsample_cupy/runtime/errors.py, specsample_cupy/runtime/philox.py):
 kernel_runtime.kernel_source() replaces every `#include "codes.cuh"` line with the header
-kernel_runtime.codes_header() generates from them. Offline compilers use the same text: `python3 -m specsample_cupy.verification.kernel_launch --source NAME.cu`
-(one self-contained source) or `--codes-header` (the header alone).
+kernel_runtime.codes_header() generates from them. Offline compilers use the same text:
+`python3 -m specsample_cupy.verification.kernel_launch --source NAME.cu` (one self-contained source)
+or `--codes-header` (the header alone).
 """
 import ctypes
 import dataclasses
