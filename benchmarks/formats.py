@@ -1,5 +1,5 @@
 """Models as users have them, through the device loop on CUDA: one real-shape self-drafting pair
-(models/build_real_pair.py, random weights, float16) in four folder formats, decoded target-only and
+(models/build_real_pair.py, random weights, float16) in five folder formats, decoded target-only and
 greedy speculative at equal work (bench decode's run_bench: 128 tokens per request, EOS ignored, seeds
 0..N-1), each format's time per token beside the converted format's from the same run.
 
