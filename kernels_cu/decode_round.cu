@@ -21,10 +21,12 @@
 // value again; a one-token prompt's draft sees that token twice). The device loop sets it for batch 1,
 // the only batch such models run at (sessions_static).
 //
-// Parallel decomposition of all three round kernels: blocks 0..B-1 own one request row each (sampling, mask,
-// feeds: one block scans a row of C slots in chunks of the block's width); blocks B.. copy the run's
+// Parallel decomposition of the round kernels: request rows own blocks (mask, feeds: one block scans a
+// row of C slots in chunks of the block's width); the two sampling kernels give each row K blocks,
+// one vocabulary slice each, whose last to finish decides the row (sample_row.cuh's
+// sample_row_sliced: a counter per row, K from round_buffers); the blocks after those copy the run's
 // new key/value columns from ONNX Runtime's present output into the cache (a grid-stride loop over
-// rows x 4-byte words). Nothing is shared between blocks.
+// rows x 4-byte words).
 #include "sample_row.cuh"
 
 
@@ -142,9 +144,10 @@ __device__ __forceinline__ void write_target_feed(int b, int B, int G, int skip,
 // After draft run `step` of G: sample its token, keep its logits for verify(), commit its key/value
 // columns and mask, and write the next run's feeds (the next draft run's, S = 1, or after the last
 // step the target's, S = G + 1: the row's last token, then its G drafts).
-// Blocks 0..B-1 sample (the only part that needs the token), blocks B..2B-1 do each row's mask and
-// feed work meanwhile, blocks 2B.. copy key/value columns. warp_record: null, or [B, SS_RECORD] from
-// warp_rows.cu over the rows sampled (top-k / top-p / min-p: the draft samples the truncated draft).
+// Blocks 0..B*K-1 sample (K slices a row; the only part that needs the token), the next B do each
+// row's mask and feed work meanwhile, the rest copy key/value columns. warp_record: null, or
+// [B, SS_RECORD] from warp_rows.cu over the rows sampled (top-k / top-p / min-p: the draft samples the
+// truncated draft).
 template <class T, int VEC>
 __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
     const typename T::storage* __restrict__ logits, int S_run, int V, float temperature,
@@ -154,26 +157,27 @@ __global__ void __launch_bounds__(SS_THREADS) draft_step_done(
     long long* __restrict__ mask_d, int C, int L_run, long long* __restrict__ next_feed, int next_is_target,
     const long long* __restrict__ mask_t, const long long* __restrict__ seq, int seq_pitch,
     const long long* __restrict__ seq_len, const long long* __restrict__ finished, const int* __restrict__ draft_len,
-    long long pos_limit, const float* __restrict__ warp_record, int dense, int B, Commit commit) {
+    long long pos_limit, const float* __restrict__ warp_record, int dense, int B, RowSlices slices, Commit commit) {
   const int S = next_is_target ? G + 1 : 1;  // the next run's columns
-  if ((int)blockIdx.x >= 2 * B) {
-    commit_columns(commit, blockIdx.x - 2 * B, gridDim.x - 2 * B);
+  const int samplers = B * slices.K;
+  if ((int)blockIdx.x >= samplers + B) {
+    commit_columns(commit, blockIdx.x - samplers - B, gridDim.x - samplers - B);
     return;
   }
-  if ((int)blockIdx.x < B) {
-    const int b = blockIdx.x;
+  if ((int)blockIdx.x < samplers) {
+    const int b = blockIdx.x / slices.K, k = blockIdx.x - b * slices.K;
     const RowDraw d = row_draw(b, temperature, seed, offset, temps, streams);
-    const int token = sample_row<T, VEC>(logits + ((long long)b * S_run + S_run - 1) * V, V, d.temperature, d.seed,
-                                         d.offset, SS_PURPOSE_SAMPLE, d.request,
-                                         draft_logits + ((long long)b * G + step) * V,
-                                         warp_record ? warp_record + (long long)b * SS_RECORD : nullptr);
-    if (threadIdx.x == 0) {
+    const int token = sample_row_sliced<T, VEC>(slices, b, k, logits + ((long long)b * S_run + S_run - 1) * V, V,
+                                                d.temperature, d.seed, d.offset, SS_PURPOSE_SAMPLE, d.request,
+                                                draft_logits + ((long long)b * G + step) * V,
+                                                warp_record ? warp_record + (long long)b * SS_RECORD : nullptr);
+    if (token != SS_NOT_LAST && threadIdx.x == 0) {
       draft_tokens[b * G + step] = token;
       next_feed[next_is_target ? b * S + step + 1 : b] = clamp_id(token, V);
     }
     return;
   }
-  const int b = blockIdx.x - B;
+  const int b = blockIdx.x - samplers;
   const long long* added = run_feed + 2LL * B * S_run + (long long)b * (C + S_run) + C;
   long long* row_mask = mask_d + (long long)b * C;
   long long* next_mask = next_feed + 2LL * B * S + (long long)b * (C + S);
@@ -299,29 +303,36 @@ __global__ void __launch_bounds__(SS_THREADS, 1) round_done(
 //   report [accepted B | emitted B | error B | tokens B | taken B | finished B]
 // A row whose logits hold NaN/+Inf or no finite value takes nothing and reports its error code.
 // Nothing to roll back: the cache holds every token but the newest, as a step leaves it.
-// Blocks 0..B-1: one request row each (the block samples the row; thread 0 decides and writes);
-// blocks B..: key/value column copies. warp_record: as draft_step_done's. lp_out: null, or where the
+// Blocks 0..B*K-1: K per request row (each samples a slice; the row's last to finish decides and
+// writes, in thread 0; a finished row's first block alone); the rest: key/value column copies. warp_record: as draft_step_done's. lp_out: null, or where the
 // token's log-probability goes (page-locked host memory, [B]): (z - M) / T - log E from the row's
 // warp record (needed then; greedy rows: at temperature 1), -inf for a row that takes nothing.
+// (Min. 1 block per SM, as round_done: otherwise ptxas holds it to 80 registers and spills.)
 template <class T, int VEC>
-__global__ void __launch_bounds__(SS_THREADS) target_step_done(
+__global__ void __launch_bounds__(SS_THREADS, 1) target_step_done(
     const typename T::storage* __restrict__ logits, int V, float temperature, unsigned long long seed,
     unsigned offset, const float* __restrict__ temps, const long long* __restrict__ streams, long long* __restrict__ feed, long long* __restrict__ mask_t, int C, int L_run,
     long long* __restrict__ seq, int seq_pitch, long long* __restrict__ seq_len, const long long* __restrict__ limit,
     long long* __restrict__ finished, const long long* __restrict__ eos, int n_eos, long long pad_id,
     long long pos_limit, int* __restrict__ report, const float* __restrict__ warp_record, float* __restrict__ lp_out,
-    int dense, int B, Commit commit) {
-  if ((int)blockIdx.x >= B) {
-    commit_columns(commit, blockIdx.x - B, gridDim.x - B);
+    int dense, int B, RowSlices slices, Commit commit) {
+  const int samplers = B * slices.K;
+  if ((int)blockIdx.x >= samplers) {
+    commit_columns(commit, blockIdx.x - samplers, gridDim.x - samplers);
     return;
   }
-  const int b = blockIdx.x;
-  const bool was_done = finished[b] != 0;  // the same in every thread: the branch is uniform
+  const int b = blockIdx.x / slices.K, k = blockIdx.x - b * slices.K;
+  // The same in every block of the row (this kernel writes finished[b] only after all of them have
+  // arrived), so the branch is uniform and a finished row's counter is untouched.
+  const bool was_done = finished[b] != 0;
+  if (was_done && k != 0) return;
   const RowDraw d = row_draw(b, temperature, seed, offset, temps, streams);
-  const int token = was_done ? -1 : sample_row<T, VEC>(logits + (long long)b * V, V, d.temperature, d.seed, d.offset,
-                                                       SS_PURPOSE_SAMPLE, d.request, nullptr,
-                                                       warp_record ? warp_record + (long long)b * SS_RECORD : nullptr);
-  if (threadIdx.x != 0) return;
+  const int token = was_done ? -1 : sample_row_sliced<T, VEC>(slices, b, k, logits + (long long)b * V, V,
+                                                              d.temperature, d.seed, d.offset, SS_PURPOSE_SAMPLE,
+                                                              d.request, nullptr,
+                                                              warp_record ? warp_record + (long long)b * SS_RECORD
+                                                                          : nullptr);
+  if (token == SS_NOT_LAST || threadIdx.x != 0) return;
   const long long L0 = seq_len[b];
   const int error = was_done ? 0 : (token == -1 ? SS_ERR_TARGET : (token < 0 ? SS_ERR_NO_MASS : 0));
   bool is_eos = false;
@@ -438,7 +449,7 @@ __global__ void __launch_bounds__(SS_THREADS) refill_rows(const long long* __res
       const T::storage*, int, int, float, unsigned long long, unsigned, const float*, const long long*,         \
       T::storage*, int*, int, int,                                                                              \
       const long long*, long long*, int, int, long long*, int, const long long*, const long long*, int,         \
-      const long long*, const long long*, const int*, long long, const float*, int, int, Commit);
+      const long long*, const long long*, const int*, long long, const float*, int, int, RowSlices, Commit);
 SS_DRAFT_STEP_DONE(f32, 4)
 SS_DRAFT_STEP_DONE(f32, 1)
 SS_DRAFT_STEP_DONE(f16, 8)
@@ -449,7 +460,7 @@ SS_DRAFT_STEP_DONE(f16, 1)
       const T::storage*, int, float, unsigned long long, unsigned, const float*, const long long*, long long*,  \
       long long*, int, int, long long*,                                                                         \
       int, long long*, const long long*, long long*, const long long*, int, long long, long long, int*, const float*, \
-      float*, int, int, Commit);
+      float*, int, int, RowSlices, Commit);
 SS_TARGET_STEP_DONE(f32, 4)
 SS_TARGET_STEP_DONE(f32, 1)
 SS_TARGET_STEP_DONE(f16, 8)

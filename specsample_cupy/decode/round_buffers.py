@@ -15,6 +15,20 @@ from specsample_cupy.verification.truncation import off_warps
 from specsample_cupy.verification.warp_rows_launch import RowWarps
 
 THREADS = 256
+ROW_LOADS = 4          # sample_row.cuh's SS_ROW_LOADS: row vectors in flight per thread
+MAX_ROW_SLICES = 64    # blocks per sampled row at most
+
+
+class _RowSlices(ctypes.Structure):
+    """sample_row.cuh's RowSlices: K blocks per sampled row, their picks [B * K] (16 bytes each) and a
+    counter per row."""
+    _fields_ = [("picks", ctypes.c_void_p), ("arrived", ctypes.c_void_p), ("K", ctypes.c_int32)]
+
+
+def row_slices(V: int, vec: int) -> int:
+    """Blocks per sampled row: one per load round trip of a block (ROW_LOADS x THREADS x vec entries),
+    so a long row is read in one round trip by many blocks instead of many by one."""
+    return max(1, min(MAX_ROW_SLICES, -(-V // (ROW_LOADS * THREADS * vec))))
 
 
 class _Commit(ctypes.Structure):
@@ -99,6 +113,11 @@ class _RoundBuffers:
         self.report_events = [cupy.cuda.Event(disable_timing=False) for _ in range(EVENTS)]
         self._dtype_name = target.logits_dtype.name   # float32 or float16 (call_loops.why_not_device_loop())
         tag, vec = vec_width(self._dtype_name, self.V)   # run outputs: allocation-aligned
+        self.K = row_slices(self.V, vec)   # the sampling kernels' blocks per row (sample_row_sliced)
+        with stream:
+            self.row_picks = cupy.zeros(4 * B * self.K, cupy.int32)
+            self.row_arrived = cupy.zeros(B, cupy.int32)   # zero between launches (the last block resets)
+        self.slices = _RowSlices(self.row_picks.data.ptr, self.row_arrived.data.ptr, self.K)
         step_kernel, done_kernel, self.compact_plan, target_kernel, ngram_feed_kernel, self.offset_streams, \
             refill_kernel = _functions(tag, vec)
         self._target_kernels = (target_kernel, ngram_feed_kernel)   # enable_target_steps()
@@ -174,8 +193,8 @@ class _RoundBuffers:
             ("finished", c.c_void_p(dev["finished"].data.ptr)), ("eos", c.c_void_p(dev["eos"].data.ptr)),
             ("n_eos", c.c_int32(self.E)), ("pad_id", c.c_int64()), ("pos_limit", c.c_int64()),
             ("report", c.c_void_p(0)), ("warp_record", c.c_void_p(0)), ("lp_out", c.c_void_p(0)),
-            ("dense", c.c_int32(self.dense)), ("B", c.c_int32(B))],
-            commit, B + _copy_blocks(commit.rows, commit.words))
+            ("dense", c.c_int32(self.dense)), ("B", c.c_int32(B)), ("slices", self.slices)],
+            commit, B * self.K + _copy_blocks(commit.rows, commit.words))
 
     def _build_speculative(self, target, draft, step_kernel, done_kernel):
         c = ctypes
@@ -197,8 +216,9 @@ class _RoundBuffers:
                 ("seq_pitch", c.c_int32(self.P)), ("seq_len", c.c_void_p(dev["seq_len"].data.ptr)),
                 ("finished", c.c_void_p(dev["finished"].data.ptr)),
                 ("draft_len", c.c_void_p(self.draft_len.data.ptr)), ("pos_limit", c.c_int64()),
-                ("warp_record", c.c_void_p(0)), ("dense", c.c_int32(self.dense)), ("B", c.c_int32(B))],
-                commit, 2 * B + _copy_blocks(commit.rows, commit.words)))
+                ("warp_record", c.c_void_p(0)), ("dense", c.c_int32(self.dense)), ("B", c.c_int32(B)),
+                ("slices", self.slices)],
+                commit, B * self.K + B + _copy_blocks(commit.rows, commit.words)))
         self._build_done(target, done_kernel, self.draft_steps[0].feed)
 
     def _build_done(self, target, done_kernel, feed0):
