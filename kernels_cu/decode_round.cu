@@ -304,9 +304,10 @@ __global__ void __launch_bounds__(SS_THREADS, 1) round_done(
 // A row whose logits hold NaN/+Inf or no finite value takes nothing and reports its error code.
 // Nothing to roll back: the cache holds every token but the newest, as a step leaves it.
 // Blocks 0..B*K-1: K per request row (each samples a slice; the row's last to finish decides and
-// writes, in thread 0; a finished row's first block alone); the rest: key/value column copies. warp_record: as draft_step_done's. lp_out: null, or where the
-// token's log-probability goes (page-locked host memory, [B]): (z - M) / T - log E from the row's
-// warp record (needed then; greedy rows: at temperature 1), -inf for a row that takes nothing.
+// writes, in thread 0; a finished row's first block alone); the rest: key/value column copies.
+// warp_record: as draft_step_done's. lp_out: null, or where the token's log-probability goes
+// (page-locked host memory, [B]): (z - M) / T - log E from the row's warp record (needed then; greedy
+// rows: at temperature 1), -inf for a row that takes nothing.
 // (Min. 1 block per SM, as round_done: otherwise ptxas holds it to 80 registers and spills.)
 template <class T, int VEC>
 __global__ void __launch_bounds__(SS_THREADS, 1) target_step_done(
