@@ -29,12 +29,13 @@
 // The walk order (exact, probabilities and greedy, when the plan asks: for large batches, where the
 // grid is full and rows past a request's first rejection are wasted bandwidth): the P1 items run
 // position by position across the batch, target row i and draft row i of every request, then the
-// P2 items. A P1 item at position i > 0 first waits until its request's position i - 1 is decided,
-// and skips its row if verification stopped there or before; the last slice of position i's rows to
-// arrive decides it (the first_rejection() rule for one position) and publishes the stop. P2 then
-// reads the stop and combines only the rows at n. With random drafts most requests read two rows instead of 2 gamma + 1;
-// with every draft accepted the positions follow one another, each across the whole grid (each
-// position's wait for the one before is what the walk costs: benchmarks/verify_walk.py).
+// P2 items. A P1 item skips its row when its request is already known to have stopped before its
+// position (it never waits: one handed out earlier reads its row, unused). Position i's counter
+// counts its rows' slices and, for i > 0, position i - 1's decision to go on; whoever completes it
+// decides position i (the first_rejection() rule for one position), publishing a stop or counting
+// itself into position i + 1, and so on. P2 then reads the stop and combines only the rows at n.
+// Items handed out after their request's stop is known (the later part of an oversubscribed grid)
+// are what the walk saves; the decisions, one position after another, are what it costs.
 // SS_MODE_MIN_P (min-p truncation alone, fused): a P1 slice of one register load group (small
 // batches) is kept in registers while the row's slices agree on its maximum M (each publishes its
 // own through an atomic max on order-preserving keys and counts itself in on a per-row counter,
@@ -53,13 +54,12 @@
 // moments before by P1, so its re-read hits L2 (the sigmoid methods read it only here).
 //
 // Progress does not depend on how many blocks are resident (another kernel on another stream,
-// MPS, a grid larger than the GPU holds). The only unbounded waits are P2 items waiting for P1 items
-// of the same request and, in the walk order, P1 items waiting for their request's previous
-// position: both wait for items earlier in the order, which hold smaller tickets. A ticket is only
-// ever held by a block that is running, and min-p's agreement waits a bounded time, so by induction
-// on the ticket every awaited item is in progress and finishes. Nothing waits for a P2 item. The
-// ticket counter, like the per-request counters, is left at zero (the block that takes the last
-// ticket resets it), so a call needs no memset.
+// MPS, a grid larger than the GPU holds): the only unbounded waits are P2 items waiting for P1 items
+// of the same request, which come earlier in the item order and so hold smaller tickets. A ticket is
+// only ever held by a block that is running, and a P1 item never waits but for a bounded time
+// (min-p's agreement), so every awaited item is in progress and finishes. Nothing waits for a P2
+// item. The ticket counter, like the per-request counters, is left at zero (the block that takes the
+// last ticket resets it), so a call needs no memset.
 #include "codes.cuh"
 #include "philox.cuh"
 #include "block_reduce.cuh"
@@ -168,11 +168,11 @@ struct Verifier {
   int B, G, V, S1, C1, S2, C2, R;
   int *req_ctr, *fin_ctr, *err, *part, *cand;
   int* err_row;       // [B * R] P1's value-error bits per row (the truncated modes use err [B])
-  // The walk order (exact, probabilities, greedy, when the plan asks; see the header): per request,
-  // positions decided so far (G + 1 once it stopped), the stop (n + 1; 0: none yet), and per
-  // position the arrivals of its rows' slices.
+  // The walk order (exact, probabilities, greedy, when the plan asks; see the header): per request
+  // the stop (n + 1; 0: none yet), and per position the arrivals of its rows' slices plus the
+  // previous position's decision to go on.
   bool walk;
-  int *pos_ctr, *stop_n, *pos_cnt;
+  int *stop_n, *pos_cnt;
   __device__ __forceinline__ bool walking() const { return (MODE == SS_MODE_LOGITS || MODE == SS_MODE_PROBS) && walk; }
   SoftmaxStat* rows;  // shared: the combined statistics of every row of the current P2 request
   const float* record;  // SS_MODE_WARPED: warp_rows_kernel's record of every row (warp_record.cuh)
@@ -533,40 +533,53 @@ struct Verifier {
     }
   }
 
-  // ---- The walk order: positions decided one after another ------------------------------------
-  // Waits until request b's position i - 1 is decided; true when verification stopped before i
-  // (this item's row is then never read).
+  // ---- The walk order: positions decided as their rows arrive ---------------------------------
+  // Whether request b's verification is known to have stopped before position i (no wait: an item
+  // handed out before the stop is published reads its row, which no decision then uses).
   __device__ __forceinline__ bool stopped_before(int b, int i, int* sh) const {
-    if (threadIdx.x < 32) {
-      warp_wait_at_least(pos_ctr + b, i);
-      if (threadIdx.x == 0) sh[0] = __ldcg(stop_n + b);
-    }
+    if (threadIdx.x == 0) sh[0] = __ldcg(stop_n + b);
     __syncthreads();
     const int stop = sh[0];
     return stop != 0 && stop - 1 < i;
   }
 
-  // After this item's partial: the last slice of position i's rows (target row i, draft row i where
-  // it is read) to arrive decides the position, as first_rejection() would (an id outside [0, V),
-  // invalid rows, a rejection: stop), and publishes it: positions decided, or G + 1 and the stop.
-  // Position L (the bonus row) has nothing to decide.
+  // After this item's partial: position i's counter counts its rows' slices (target row i, draft row
+  // i where it is read) and, for i > 0, the previous position's decision to go on; whoever completes
+  // it decides the position.
   __device__ __forceinline__ void arrive_at_position(int b, int i, const Request& rq, int* sh) const {
-    const int rows_here = 1 + (row_active(rq, false, i) ? 1 : 0);
-    if (threadIdx.x == 0) sh[2] = publish_add(pos_cnt + (long long)b * (G + 1) + i, 1) == rows_here * S1 - 1;
+    const int full = position_rows(rq, i) * S1 + (i > 0 ? 1 : 0);
+    if (threadIdx.x == 0) sh[2] = publish_add(pos_cnt + (long long)b * (G + 1) + i, 1) == full - 1;
     __syncthreads();
-    if (!sh[2]) return;
-    const int warp = threadIdx.x >> 5;
-    if (warp < rows_here) combine_row(b, warp == 0 ? i : G + 1 + i, threadIdx.x & 31);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      bool stop = false;
-      if (i < rq.L) {
-        const Gathered g = gather(b, i, rq);
-        stop = !g.in_range || position_bits(b, rq, i) != 0 || !accepts(b, i, g, rq);
+    if (sh[2]) decide_from(b, i, rq, sh);
+  }
+  __device__ __forceinline__ int position_rows(const Request& rq, int i) const {
+    return 1 + (row_active(rq, false, i) ? 1 : 0);
+  }
+
+  // Decides position i, as first_rejection() would (an id outside [0, V), invalid rows, a rejection:
+  // stop, published in stop_n), and on going on counts itself into position i + 1, deciding that one
+  // too when its rows are all in; and so on. Position L (the bonus row) has nothing to decide.
+  __device__ __forceinline__ void decide_from(int b, int i, const Request& rq, int* sh) const {
+    for (int p = i;; ++p) {
+      const int warp = threadIdx.x >> 5;
+      if (warp < position_rows(rq, p)) combine_row(b, warp == 0 ? p : G + 1 + p, threadIdx.x & 31);
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        bool next = false;
+        if (p < rq.L) {
+          const Gathered g = gather(b, p, rq);
+          if (!g.in_range || position_bits(b, rq, p) != 0 || !accepts(b, p, g, rq)) {
+            stop_n[b] = p + 1;
+            __threadfence();
+          } else {
+            const int full = position_rows(rq, p + 1) * S1 + 1;
+            next = publish_add(pos_cnt + (long long)b * (G + 1) + p + 1, 1) == full - 1;
+          }
+        }
+        sh[2] = next;
       }
-      if (stop) stop_n[b] = i + 1;
-      __threadfence();
-      atomicExch(pos_ctr + b, stop ? G + 1 : i + 1);
+      __syncthreads();
+      if (!sh[2]) return;
     }
   }
 
@@ -969,7 +982,7 @@ struct Verifier {
       fin_ctr[b] = 0;
       req_ctr[b] = 0;
       err[b] = 0;
-      if (walking()) { pos_ctr[b] = 0; stop_n[b] = 0; }
+      if (walking()) stop_n[b] = 0;
     }
     if (walking()) {
       for (int i = threadIdx.x; i <= G; i += SS_THREADS) pos_cnt[(long long)b * (G + 1) + i] = 0;
@@ -1031,16 +1044,15 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
   v.row_cnt = ws + 3 * B + 1 + 2 * B * R;
   v.row_wait = (int)gridDim.x >= S1;
   v.walk = walk != 0;   // the walk order's counters follow the per-row error bits (no min-p ones)
-  v.pos_ctr = ws + 3 * B + 1 + B * R;
-  v.stop_n = v.pos_ctr + B;
+  v.stop_n = ws + 3 * B + 1 + B * R;
   v.pos_cnt = v.stop_n + B;
   v.accepted = out; v.emitted = out + B; v.error = out + 2 * B; v.tokens = out + 3 * B;
   unsigned* ticket = reinterpret_cast<unsigned*>(ws + 3 * B);
 
   // Item order. The walk order (exact, probabilities, greedy; the plan's choice): position by
   // position across the batch (target row i and draft row i of request 0, of request 1, ...;
-  // position G: target rows only), then every request's P2 items; a P1 item waits for its
-  // request's previous position (smaller tickets) and skips its row once verification stopped.
+  // position G: target rows only), then every request's P2 items; a P1 item skips its row when its
+  // request is known to have stopped before it.
   const long long p1 = (long long)B * R * S1, total = p1 + (long long)B * S2;
   if (v.walking()) {
     const long long per_pos = 2LL * B * S1;

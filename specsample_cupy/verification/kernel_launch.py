@@ -67,11 +67,8 @@ class PlanOptions:
     lag_waves: how far, in waves of the grid, a request's P2 items follow its P1 items in the item
         order (so P2 blocks rarely wait); 0 puts them right after.
     walk: exact, probabilities and greedy verification in the walk order (position by position,
-        skipping the rows past a request's stop; verify.cu's header) instead of every row at once.
-        It pays where the batch is large and drafts are rejected early (H100, fp32, B = 64,
-        V = 151936: 131 against 188 µs on random drafts) and costs elsewhere (each position waits
-        for the previous one's decision: 0.3-0.96x at B <= 16 or V = 32000, and with every draft
-        accepted; benchmarks/verify_walk.py).
+        skipping the rows of requests known to have stopped before them; verify.cu's header) instead
+        of every row at once. Not yet measured in this form (benchmarks/verify_walk.py).
     grid: blocks launched; None launches min(work items, blocks resident at once). Any value is
         correct: work is handed out in order from a ticket counter, so extra blocks only queue and
         a single block does everything in turn. Changing it never changes the result.
@@ -198,8 +195,8 @@ class _Plan:
         if items + grid >= 2 ** 31:
             raise ValueError(f"verify: {items} work items and {grid} blocks exceed the kernel's 31-bit ticket counter")
         # [req B | fin B | err B | ticket | row errors B R | min-p: row max keys B R | row counts B R |
-        # walk: positions decided B | stops B | arrivals B (G + 1)], partials
-        extra = 2 * B * R if mode == MODE_MIN_P else (B * (G + 3) if walk else 0)
+        # walk: stops B | position counters B (G + 1)], partials
+        extra = 2 * B * R if mode == MODE_MIN_P else (B * (G + 2) if walk else 0)
         counters, part = 3 * B + 1 + B * R + extra, B * R * S1 * 3
         self.workspace = cupy.zeros(counters + part + B * S2 * CAND_INTS, dtype=cupy.int32)
         self.err_ptr = self.workspace.data.ptr + 4 * 2 * B      # the per-request error bits
