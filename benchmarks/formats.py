@@ -1,7 +1,9 @@
 """Models as users have them, through the device loop on CUDA: one real-shape self-drafting pair
 (models/build_real_pair.py, random weights, float16) in five folder formats, decoded target-only and
 greedy speculative at equal work (bench decode's run_bench: 128 tokens per request, EOS ignored, seeds
-0..N-1), each format's time per token beside the converted format's from the same run.
+0..N-1), each format's time per token beside the converted format's from the same run. The converted format
+runs first and again last ("converted-again"): what it gains or loses between the two is the call's
+drift, not a format's.
 
     format         folder                                                    how it loads
     converted      specsample convert (ONNX Attention over a masked cache)   as it is
@@ -98,6 +100,11 @@ def bench_format(target: Path, draft: Path, batches, seeds: int, max_new_tokens:
     return report
 
 
+def median(value) -> float:
+    """A row's median, as the run gives it ({median, min, max}) or as stored (the median alone)."""
+    return value["median"] if isinstance(value, dict) else value
+
+
 def table(report: dict) -> str:
     """ms per token (median [min-max] over seeds) and the ratio to the converted format's median."""
     base = {(run["batch"], r["method"], r["gamma"]): r["ms_per_token"]["median"]
@@ -109,7 +116,7 @@ def table(report: dict) -> str:
                 config = "target" if r["method"] == "target" else f"greedy γ{r['gamma']}"
                 ms = r["ms_per_token"]
                 ratio = ms["median"] / base.get((run["batch"], r["method"], r["gamma"]), float("nan"))
-                eff = "" if r["method"] == "target" else f"{r['efficiency']['median']:.3f}"
+                eff = "" if r["method"] == "target" else f"{median(r['efficiency']):.3f}"
                 lines.append(f"{fmt:14} {run['batch']:>2} {config:>10} "
                              f"{ms['median']:8.3f} [{ms['min']:.3f}-{ms['max']:.3f}] {ratio:11.3f} {eff:>10} {r['loop']}")
     return "\n".join(lines)
@@ -142,9 +149,13 @@ def main():
     report = {"pair": args.pair, "max_new_tokens": args.max_new_tokens, "seeds": args.seeds,
               "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "formats": {},
               "command": "python benchmarks/formats.py " + " ".join(sys.argv[1:])}
-    for fmt in args.formats.split(","):
+    order = args.formats.split(",")
+    if len(order) > 1 and order[0] == "converted":
+        order.append("converted-again")   # the baseline once more, last: drift over the call shows
+    for fmt in order:
         try:
-            report["formats"][fmt] = bench_format(*folders[fmt], batches, args.seeds, args.max_new_tokens, gammas)
+            report["formats"][fmt] = bench_format(*folders[fmt.removesuffix("-again")], batches, args.seeds,
+                                                  args.max_new_tokens, gammas)
             if fmt == "builder-converted" and conversion_s:   # converted in this run
                 report["formats"][fmt]["conversion_s"] = conversion_s
         except Exception as exc:  # noqa: BLE001 - a format that fails is reported, the others still run
@@ -156,12 +167,15 @@ def main():
 
 
 def without_seed_runs(report: dict) -> dict:
-    """The report with each row's medians and ranges, not its per-seed runs."""
-    formats = {fmt: {**result, "runs": [{**run, "rows": [{k: v for k, v in r.items() if k != "runs"}
-                                                          for r in run["rows"]]} for run in result["runs"]]}
+    """The report as stored: per row the time per token (median and range over seeds) and the medians
+    of speed-up, ideal and efficiency; not the per-seed runs."""
+    def kept(r):
+        medians = {k: r[k]["median"] for k in ("speedup", "ideal", "efficiency")}
+        return {"method": r["method"], "gamma": r["gamma"], "ms_per_token": r["ms_per_token"], **medians,
+                "overhead_per_round_us": r["overhead_per_round_us"], "loop": r["loop"]}
+    formats = {fmt: {**result, "runs": [{**run, "rows": [kept(r) for r in run["rows"]]} for run in result["runs"]]}
                for fmt, result in report["formats"].items()}
     return {**report, "formats": formats}
-
 
 if __name__ == "__main__":
     main()
