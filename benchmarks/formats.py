@@ -117,8 +117,8 @@ def table(report: dict) -> str:
                 ms = r["ms_per_token"]
                 ratio = ms["median"] / base.get((run["batch"], r["method"], r["gamma"]), float("nan"))
                 eff = "" if r["method"] == "target" else f"{median(r['efficiency']):.3f}"
-                lines.append(f"{fmt:14} {run['batch']:>2} {config:>10} "
-                             f"{ms['median']:8.3f} [{ms['min']:.3f}-{ms['max']:.3f}] {ratio:11.3f} {eff:>10} {r['loop']}")
+                lines.append(f"{fmt:14} {run['batch']:>2} {config:>10} {ms['median']:8.3f} "
+                             f"[{ms['min']:.3f}-{ms['max']:.3f}] {ratio:11.3f} {eff:>10} {r['loop']}")
     return "\n".join(lines)
 
 
@@ -176,6 +176,7 @@ def without_seed_runs(report: dict) -> dict:
     formats = {fmt: {**result, "runs": [{**run, "rows": [kept(r) for r in run["rows"]]} for run in result["runs"]]}
                for fmt, result in report["formats"].items()}
     return {**report, "formats": formats}
+
 
 if __name__ == "__main__":
     main()

@@ -105,7 +105,8 @@ class DecodeWorker:
         # workers of a machine do not contend for its cores.
         self.decoder = _RefusalKept(load_decoder(setup.target, setup.draft, setup.device,
                                                  ngram_min=setup.ngram_min, ngram_max=setup.ngram_max,
-                                                 cpu_threads=1 if setup.device == "cpu" else None))
+                                                 cpu_threads=1 if setup.device == "cpu" else None,
+                                                 batch_layout=setup.batch_size > 1))
         self.lines = _Lines()
         self.runner = Runner(self.decoder, self.lines, setup.options, 0, progress=False)
 

@@ -267,7 +267,9 @@ def bench_decode(pair, attention, pairs_dir, draft_scale, target, draft, ngram_m
         else:
             target, built_draft = build_cost_pair.build_pair(pair, root, check="cuda" if device == "cuda" else "cpu")
         draft = draft if ngram else built_draft
-    decoder = load_decoder(target, draft, device, ngram_min=ngram_min, ngram_max=ngram_max)
+    batches = [int(b) for b in batches.split(",") if b]
+    decoder = load_decoder(target, draft, device, ngram_min=ngram_min, ngram_max=ngram_max,
+                           batch_layout=max(batches, default=1) > 1)
     methods = [m for m in methods.split(",") if m]
     report = {"pair": pair if target is None or pair != "embedded" else "custom", "workload": workload,
               "target": str(decoder.target_spec.model_dir),
@@ -279,7 +281,6 @@ def bench_decode(pair, attention, pairs_dir, draft_scale, target, draft, ngram_m
         report["gpu"] = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
     if pair.startswith("real-"):
         report["attention"] = attention
-    batches = [int(b) for b in batches.split(",") if b]
     prompts = prompt_set(batches, WORKLOADS[workload])
     report["prompts"] = prompts
     for batch in batches:

@@ -78,8 +78,9 @@ def draft_options(f):
 
 
 def load_decoder(target, draft, device, cuda_graphs=True, device_rounds=True, ngram_min=1, ngram_max=4,
-                 cpu_threads=None):
-    """SpeculativeDecoder, with a model problem (unusable file, mismatched pair) as a click error."""
+                 cpu_threads=None, batch_layout=False):
+    """SpeculativeDecoder, with a model problem (unusable file, mismatched pair) as a click error.
+    batch_layout: for runs that batch (SpeculativeDecoder's argument)."""
     from specsample_cupy.decode.decoder import SpeculativeDecoder
 
     try:
@@ -87,7 +88,7 @@ def load_decoder(target, draft, device, cuda_graphs=True, device_rounds=True, ng
             warnings.simplefilter("ignore", RuntimeWarning)   # the device choice was reported already
             return SpeculativeDecoder(target, draft, device=device, cuda_graphs=cuda_graphs,
                                       device_rounds=device_rounds, ngram_min=ngram_min, ngram_max=ngram_max,
-                                      cpu_threads=cpu_threads)
+                                      cpu_threads=cpu_threads, batch_layout=batch_layout)
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from e
 
@@ -349,7 +350,8 @@ def decode(target, draft, ngram_min, ngram_max, prompt_texts, prompt_file, max_n
     if draft == NGRAM and method not in ONEHOT_METHODS:
         raise click.BadParameter(f"--draft ngram verifies one-hot drafts: use --method {' or '.join(ONEHOT_METHODS)}",
                                  param_hint="--method")
-    decoder = load_decoder(target, draft, resolve_device(device), ngram_min=ngram_min, ngram_max=ngram_max)
+    decoder = load_decoder(target, draft, resolve_device(device), ngram_min=ngram_min, ngram_max=ngram_max,
+                           batch_layout=len(prompts) > 1)
     encode_all(decoder, prompts)   # every prompt checked before anything is generated
     stream = on_round = None
     if as_jsonl:

@@ -193,7 +193,8 @@ def _decode_here(requests, rejections, read_as, name, output_path, options, star
                  progress, target, draft, device, ngram_min, ngram_max):
     """The single-process run: load the pair, open the output, decode the requests it does not hold."""
     loading = time.perf_counter()
-    decoder = load_decoder(target, draft, resolve_device(device), ngram_min=ngram_min, ngram_max=ngram_max)
+    decoder = load_decoder(target, draft, resolve_device(device), ngram_min=ngram_min, ngram_max=ngram_max,
+                           batch_layout=batch_size > 1)
     load_s = time.perf_counter() - loading
     writer = open_output(output_path)
     try:

@@ -1,5 +1,7 @@
-"""ONNX exports converted once, on first load, into a cache folder (the decoder's fallback on CUDA when
-ONNX Runtime cannot capture an export's runs as CUDA graphs: its shape arithmetic runs on the CPU).
+"""ONNX exports converted once, on first load, into a cache folder: the decoder's fallback on CUDA when
+ONNX Runtime cannot capture an export's runs as CUDA graphs (its shape arithmetic runs on the CPU), and,
+when a decoder is opened for batches, the layout that batches for an ONNX Runtime GenAI builder folder
+(which decodes one prompt per call as it comes: decode/one_at_a_time.py).
 
 The copy is the converter's output (convert()) from the export's own weights (onnx_checkpoint.py), in
 the export's dtype, keyed by the export file's path, size and modification time (layout.derived_folder):
@@ -7,6 +9,7 @@ a changed export is converted again. Said once on stderr, when the copy is writt
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -48,15 +51,27 @@ def _export_dtype(path: Path) -> str:
     return "float16" if elem == TensorProto.FLOAT16 else "float32"
 
 
+def _source_file(folder: Path) -> Path | None:
+    """The export's decoder file: a builder folder's as genai_config.json names it, else optimum's."""
+    from specsample_cupy.convert.builder_checkpoint import is_builder_folder
+    from specsample_cupy.convert.onnx_checkpoint import onnx_file
+    from specsample_cupy.runtime.genai_config import GENAI_CONFIG, config_from_genai
+
+    if is_builder_folder(folder):
+        path = folder / GENAI_CONFIG
+        _, filename = config_from_genai(json.loads(path.read_text()), path)
+        return folder / (filename or "model.onnx")
+    return onnx_file(folder)
+
+
 def converted_copy(folder, root: Path | None = None) -> Path:
     """The cached conversion of the export in `folder` (module docstring); ConversionError when the
     converter cannot read it."""
     from specsample_cupy.convert import FORMAT_VERSION, convert
-    from specsample_cupy.convert.onnx_checkpoint import onnx_file
     from specsample_cupy.runtime.layout import derived_folder
 
     folder = Path(folder)
-    source = onnx_file(folder)
+    source = _source_file(folder)
     out = derived_folder("converted", source, FORMAT_VERSION)
     if root is not None:
         out = Path(root) / out.name
@@ -64,5 +79,23 @@ def converted_copy(folder, root: Path | None = None) -> Path:
         return out
     dtype = _export_dtype(source)
     convert(folder, out, dtype=dtype, overwrite=True)
-    print(f"{folder}: converted once into {out} ({dtype}), which runs with CUDA graphs", file=sys.stderr)
+    print(f"{folder}: converted once into {out} ({dtype}), a layout that batches and runs with CUDA graphs",
+          file=sys.stderr)
     return out
+
+
+def batching_folder(folder, root: Path | None = None) -> tuple[Path, str | None]:
+    """(the folder a decoder opened for batches loads, why not converted): for an ONNX Runtime GenAI
+    builder folder (whose graph decodes one prompt per call) its conversion (converted_copy) and None;
+    for a builder folder the converter refuses, the folder and the refusal's line (it then decodes as
+    it comes, a batch prompt by prompt); any other folder as it is, and None."""
+    from specsample_cupy.convert.builder_checkpoint import is_builder_folder
+
+    folder = Path(folder)
+    if not is_builder_folder(folder):
+        return folder, None
+    try:
+        return converted_copy(folder, root), None
+    except (ValueError, OSError) as e:   # ConversionError is a ValueError
+        return folder, (f"{folder}: its conversion for batches failed ({str(e).splitlines()[0][:300]}); "
+                        "it decodes as it comes, a batch one prompt per call")

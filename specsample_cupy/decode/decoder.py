@@ -13,7 +13,6 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -21,7 +20,8 @@ from specsample_cupy.decode import stats as decode_stats
 from specsample_cupy.decode.call_loops import call_rounds, call_sessions, new_caches
 from specsample_cupy.decode.call_args import METHODS  # noqa: F401  (decoder.METHODS, where it always was)
 from specsample_cupy.decode.call_args import check_call, check_truncation, resolve_temperature, token_id_prompts
-from specsample_cupy.decode.decoder_device import open_session, pick_device as _pick_device
+from specsample_cupy.decode.decoder_device import default_model_dir  # noqa: F401  (decoder.default_model_dir)
+from specsample_cupy.decode.decoder_device import open_session, opened_folder, pick_device as _pick_device
 from specsample_cupy.decode.detokenize import TextAssembler
 from specsample_cupy.decode.gamma_policy import REPROBE, make_policy
 from specsample_cupy.decode.ngram import NGRAM, check_ngram_range
@@ -38,15 +38,6 @@ from specsample_cupy.verification.seeds import random_base_seed, resolve_seeds
 UPLOAD_SLOTS = 8
 
 
-def default_model_dir(role: str) -> Path:
-    """The embedded pair, models/stdlib-code/{target,draft}, next to the installed models package."""
-    import importlib
-
-    from specsample_cupy.runtime.layout import package_name
-    models = importlib.import_module(package_name("models"))
-    return Path(models.__file__).resolve().parent / "stdlib-code" / role
-
-
 @dataclass
 class GenerationOutput:
     texts: list[str]               # generated text per prompt (special tokens skipped)
@@ -60,8 +51,10 @@ class SpeculativeDecoder:
     """Generate text with a target model, speculatively proposed by a smaller draft model.
 
     Args:
-        target, draft: model directories (optimum decoder-with-past export with config.json and
-            tokenizer.json); default: the embedded pair models/stdlib-code/{target,draft}.
+        target, draft: model folders (`specsample convert` output, optimum or ONNX Runtime GenAI builder
+            exports: README "Your own models"); default: the embedded pair models/stdlib-code/{target,draft}.
+        batch_layout: open a builder folder (whose graph decodes one prompt per call) through its
+            conversion, made once into a cache folder (convert/cache.py), which batches; False: as it comes.
             draft="ngram": no draft model; each round proposes what followed the most recent earlier
             occurrence of the request's last ngram_max..ngram_min tokens (prompt lookup,
             specsample_cupy/decode/ngram.py), verified exactly as one-hot drafts (verify() with
@@ -104,15 +97,15 @@ class SpeculativeDecoder:
     def __init__(self, target=None, draft=None, device: str | None = None, *, kv_slack: int = 32,
                  prefill_chunk: int = 256, device_id: int = 0, cuda_graphs: bool = True,
                  device_rounds: bool = True, ngram_min: int = 1, ngram_max: int = 4,
-                 cpu_threads: int | None = None):
+                 cpu_threads: int | None = None, batch_layout: bool = False):
         self.cpu_threads = cpu_threads
-        self.target_spec = ModelSpec.from_dir(target if target is not None else default_model_dir("target"))
+        self.target_spec = ModelSpec.from_dir(opened_folder(target, "target", batch_layout))
         self.ngram = None
         if isinstance(draft, str) and draft == NGRAM:
             check_ngram_range(ngram_min, ngram_max)
             self.ngram, self.draft_spec = (ngram_min, ngram_max), None
         else:
-            self.draft_spec = ModelSpec.from_dir(draft if draft is not None else default_model_dir("draft"))
+            self.draft_spec = ModelSpec.from_dir(opened_folder(draft, "draft", batch_layout))
             check_pair(self.target_spec, self.draft_spec)
         self._use_device(device, device_id)
         self.target = open_session(self, self.target_spec, "target", device_id, cuda_graphs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from pathlib import Path
 
 from specsample_cupy.runtime.model_folder import ModelSpec
 from specsample_cupy.runtime.ort_session import cuda_available
@@ -35,6 +36,29 @@ def pick_device(device: str | None) -> str:
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
     return device
+
+
+def default_model_dir(role: str) -> Path:
+    """The embedded pair, models/stdlib-code/{target,draft}, next to the installed models package."""
+    import importlib
+
+    from specsample_cupy.runtime.layout import package_name
+    models = importlib.import_module(package_name("models"))
+    return Path(models.__file__).resolve().parent / "stdlib-code" / role
+
+
+def opened_folder(folder, role: str, batch_layout: bool):
+    """The folder a decoder loads for `folder` (None: the embedded pair's model for `role`): with
+    batch_layout, an ONNX Runtime GenAI builder folder's conversion (convert/cache.batching_folder), or,
+    where the converter refuses it, the folder as it comes, with a RuntimeWarning saying why."""
+    folder = folder if folder is not None else default_model_dir(role)
+    if not batch_layout:
+        return folder
+    from specsample_cupy.convert.cache import batching_folder
+    path, refusal = batching_folder(folder)
+    if refusal is not None:
+        warnings.warn(refusal, RuntimeWarning, stacklevel=caller_stacklevel())
+    return path
 
 
 def graph_refusals() -> tuple:

@@ -27,7 +27,8 @@ SUMMED = ("rounds", "proposed", "accepted", "generated_tokens", "prefill_model_t
 SUMMED_TIMED = ("model_time_s", "verify_time_s")   # None when the runs were not timed
 
 
-BATCHES_WHEN_CONVERTED = "; the default layout of `specsample convert` (builder folders too) batches"
+BATCHES_WHEN_CONVERTED = ("; the default layout of `specsample convert` batches (a builder folder opened with "
+                          "batch_layout=True, as the CLI's runs of several prompts do, is converted once)")
 
 
 def one_prompt_reason(dec, speculative: bool) -> str | None:
