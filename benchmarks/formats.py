@@ -100,13 +100,9 @@ def bench_format(target: Path, draft: Path, batches, seeds: int, max_new_tokens:
     return report
 
 
-def median(value) -> float:
-    """A row's median, as the run gives it ({median, min, max}) or as stored (the median alone)."""
-    return value["median"] if isinstance(value, dict) else value
-
-
 def table(report: dict) -> str:
-    """ms per token (median [min-max] over seeds) and the ratio to the converted format's median."""
+    """ms per token (median [min-max] over seeds) and the ratio to the converted format's median, from
+    the report as stored (without_seed_runs)."""
     base = {(run["batch"], r["method"], r["gamma"]): r["ms_per_token"]["median"]
             for run in report["formats"].get("converted", {}).get("runs", []) for r in run["rows"]}
     lines = [f"{'format':14} {'B':>2} {'config':>10} {'ms/token':>22} {'x converted':>11} {'efficiency':>10} loop"]
@@ -116,7 +112,7 @@ def table(report: dict) -> str:
                 config = "target" if r["method"] == "target" else f"greedy γ{r['gamma']}"
                 ms = r["ms_per_token"]
                 ratio = ms["median"] / base.get((run["batch"], r["method"], r["gamma"]), float("nan"))
-                eff = "" if r["method"] == "target" else f"{median(r['efficiency']):.3f}"
+                eff = "" if r["method"] == "target" else f"{r['efficiency']:.3f}"
                 lines.append(f"{fmt:14} {run['batch']:>2} {config:>10} {ms['median']:8.3f} "
                              f"[{ms['min']:.3f}-{ms['max']:.3f}] {ratio:11.3f} {eff:>10} {r['loop']}")
     return "\n".join(lines)
@@ -163,16 +159,18 @@ def main():
         print(fmt, {k: v for k, v in report["formats"][fmt].items() if k != "runs"}, flush=True)
         if args.json:   # after each format: a run cut short keeps what it measured
             result_json.write(args.json, without_seed_runs(report))
-    print(table(report))
+    print(table(without_seed_runs(report)))
 
 
 def without_seed_runs(report: dict) -> dict:
-    """The report as stored: per row the time per token (median and range over seeds) and the medians
-    of speed-up, ideal and efficiency; not the per-seed runs."""
+    """The report as stored: per row the time per token (median and range over seeds), the medians of
+    speed-up, ideal and efficiency, the tokens every request generated (equal work) and the loop; not
+    the per-seed runs."""
     def kept(r):
         medians = {k: r[k]["median"] for k in ("speedup", "ideal", "efficiency")}
         return {"method": r["method"], "gamma": r["gamma"], "ms_per_token": r["ms_per_token"], **medians,
-                "overhead_per_round_us": r["overhead_per_round_us"], "loop": r["loop"]}
+                "overhead_per_round_us": r["overhead_per_round_us"], "tokens_per_request": r["tokens_per_request"],
+                "loop": r["loop"]}
     formats = {fmt: {**result, "runs": [{**run, "rows": [kept(r) for r in run["rows"]]} for run in result["runs"]]}
                for fmt, result in report["formats"].items()}
     return {**report, "formats": formats}

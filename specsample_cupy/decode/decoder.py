@@ -53,8 +53,6 @@ class SpeculativeDecoder:
     Args:
         target, draft: model folders (`specsample convert` output, optimum or ONNX Runtime GenAI builder
             exports: README "Your own models"); default: the embedded pair models/stdlib-code/{target,draft}.
-        batch_layout: open a builder folder (whose graph decodes one prompt per call) through its
-            conversion, made once into a cache folder (convert/cache.py), which batches; False: as it comes.
             draft="ngram": no draft model; each round proposes what followed the most recent earlier
             occurrence of the request's last ngram_max..ngram_min tokens (prompt lookup,
             specsample_cupy/decode/ngram.py), verified exactly as one-hot drafts (verify() with
@@ -74,6 +72,8 @@ class SpeculativeDecoder:
             is also what runs on the CPU and for models that rebind every run.
         cpu_threads: on the CPU, the threads each model run may use (None: ONNX Runtime's default,
             every core). Processes sharing a machine should split its cores between them.
+        batch_layout: open a builder folder (whose graph decodes one prompt per call) through its
+            conversion, made once into a cache folder (convert/cache.py), which batches; False: as it comes.
 
     One generate() at a time: a decoder keeps per-call buffers, so a second call from another thread
     while one runs raises RuntimeError (use one decoder per thread).
