@@ -13,6 +13,8 @@ drift, not a format's.
                    writes it (models/tool_layouts.builder_folder)             (one prompt at a time)
     builder-       the checkpoint's weights as the builder names them         as it is; its conversion's time
     converted      (tool_layouts.builder_export), then specsample convert     is the format's conversion_s
+                   (what a builder folder opened for batches loads: the CLI
+                   at B > 1, SpeculativeDecoder(batch_layout=True))
     optimum        the checkpoint's weights as optimum exports them           converted once into the cache
                    (models/tool_layouts.optimum_export, external data)
 

@@ -59,6 +59,17 @@ def test_a_folder_the_converter_refuses_decodes_as_it_comes_with_a_warning(tmp_p
     assert out.token_ids == [decoder.generate([p], **ARGS).token_ids[0] for p in PROMPTS]
 
 
+def test_the_cli_loader_lets_the_refusal_through(tmp_path, monkeypatch):
+    """load_decoder (every CLI command's) hides only the CPU-fallback warning, not why a folder opened
+    for batches decodes prompt by prompt."""
+    from specsample_cupy.cli.decode import load_decoder
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    target, draft = converted_self_pair(tmp_path, "float32", attention="gqa")
+    target = builder_folder(target, tmp_path / "bt")
+    with pytest.warns(RuntimeWarning, match="its conversion for batches failed"):
+        load_decoder(target, target, "cpu", batch_layout=True)
+
+
 def test_other_folders_open_as_they_are(tmp_path, folders):
     from specsample_cupy.decode.decoder import SpeculativeDecoder
     _, direct = folders

@@ -82,10 +82,11 @@ def load_decoder(target, draft, device, cuda_graphs=True, device_rounds=True, ng
     """SpeculativeDecoder, with a model problem (unusable file, mismatched pair) as a click error.
     batch_layout: for runs that batch (SpeculativeDecoder's argument)."""
     from specsample_cupy.decode.decoder import SpeculativeDecoder
+    from specsample_cupy.decode.decoder_device import CPU_FALLBACK_WARNING
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)   # the device choice was reported already
+        with warnings.catch_warnings():   # the device choice was reported already; other warnings show
+            warnings.filterwarnings("ignore", message=CPU_FALLBACK_WARNING, category=RuntimeWarning)
             return SpeculativeDecoder(target, draft, device=device, cuda_graphs=cuda_graphs,
                                       device_rounds=device_rounds, ngram_min=ngram_min, ngram_max=ngram_max,
                                       cpu_threads=cpu_threads, batch_layout=batch_layout)

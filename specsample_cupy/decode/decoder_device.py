@@ -24,12 +24,14 @@ def caller_stacklevel() -> int:
     return level
 
 
+CPU_FALLBACK_WARNING = "no CUDA device usable by CuPy and onnxruntime-gpu; decoding on the CPU"
+
+
 def pick_device(device: str | None) -> str:
     if device is None:
         if cuda_available():
             return "cuda"
-        warnings.warn("no CUDA device usable by CuPy and onnxruntime-gpu; decoding on the CPU", RuntimeWarning,
-                      stacklevel=caller_stacklevel())
+        warnings.warn(CPU_FALLBACK_WARNING, RuntimeWarning, stacklevel=caller_stacklevel())
         return "cpu"
     if device == "cuda" and not cuda_available():
         raise RuntimeError("device='cuda' needs CuPy, a CUDA device and onnxruntime-gpu's CUDAExecutionProvider")
