@@ -73,7 +73,8 @@ def graph_refusals() -> tuple:
 def open_session(dec, spec, role, device_id, cuda_graphs):
     """Decoder dec's session for one model: a StaticDecoderSession (fixed bindings, CUDA-graph replay)
     where the device and the model allow it; the same bindings without graphs for a model ONNX Runtime
-    will not capture (nodes on the CPU); else a DecoderSession. dec.cuda_graphs[role] says whether runs are captured, or why not."""
+    will not capture (nodes on the CPU); else a DecoderSession. dec.cuda_graphs[role] says whether runs
+    are captured, or why not."""
     if dec.device == "cuda" and cuda_graphs:
         try:
             session = StaticDecoderSession(spec, dec.device, dec.stream, device_id)
