@@ -3,7 +3,8 @@
 greedy speculative at equal work (bench decode's run_bench: 128 tokens per request, EOS ignored, seeds
 0..N-1), each format's time per token beside the converted format's from the same run. The converted format
 runs first and again last ("converted-again"): what it gains or loses between the two is the call's
-drift, not a format's.
+drift, not a format's. Each format runs in a process of its own, nvidia-smi's clocks, temperature and
+power recorded before and after it ("gpu_state").
 
     format         folder                                                    how it loads
     converted      specsample convert (ONNX Attention over a masked cache)   as it is
@@ -28,7 +29,6 @@ optimum folder holds the export's weights as torch.onnx names them. Both measure
 from __future__ import annotations
 
 import argparse
-import gc
 import shutil
 import sys
 import time
@@ -79,16 +79,15 @@ def build_formats(work: Path, pair: str, seed: int = 0, conversion_s: dict | Non
     return made
 
 
-def bench_format(target: Path, draft: Path, batches, seeds: int, max_new_tokens: int, gammas) -> dict:
-    import cupy
-
+def bench_format(target: Path, draft: Path, batches, seeds: int, max_new_tokens: int, gammas,
+                 device: str = "cuda") -> dict:
     from specsample_cupy.bench.decode import DEFAULT_PROMPTS, prompt_set, prompts_for, run_bench
     from specsample_cupy.cli.decode import load_decoder
 
     from specsample_cupy.decode.one_at_a_time import one_prompt_reason
 
     start = time.perf_counter()
-    decoder = load_decoder(target, draft, "cuda")
+    decoder = load_decoder(target, draft, device)
     report = {"first_load_s": time.perf_counter() - start, "cuda_graphs": decoder.cuda_graphs,
               "one_prompt_at_a_time": one_prompt_reason(decoder, True), "runs": []}
     prompts = prompt_set(batches, DEFAULT_PROMPTS)
@@ -96,10 +95,40 @@ def bench_format(target: Path, draft: Path, batches, seeds: int, max_new_tokens:
         rows = run_bench(decoder, lambda seed, batch=batch: prompts_for(prompts, batch, seed), methods=["greedy"],
                          gammas=gammas, temperature=1.0, seeds=list(range(seeds)), max_new_tokens=max_new_tokens)
         report["runs"].append({"batch": batch, "rows": rows})
-    del decoder
-    gc.collect()
-    cupy.get_default_memory_pool().free_all_blocks()
     return report
+
+
+def gpu_name() -> str:
+    import cupy
+    return cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+
+
+def gpu_state() -> str | None:
+    """nvidia-smi's SM and memory clocks, temperature and power now (None without nvidia-smi): beside
+    each format, so that a drift over the call can be told from the card's state."""
+    import subprocess
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw",
+                               "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def bench_in_process(fmt: str, args, batches, gammas) -> dict:
+    """bench_format() of one format in a fresh process (what an earlier format's decoder left behind,
+    memory or caches, cannot slow it), with the card's state before and after."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "format.json"
+        before = gpu_state()
+        subprocess.run([sys.executable, __file__, "--work", str(args.work), "--pair", args.pair, "--seeds",
+                        str(args.seeds), "--max-new-tokens", str(args.max_new_tokens), "--batches",
+                        ",".join(map(str, batches)), "--gammas", ",".join(map(str, gammas)), "--one-format",
+                        fmt, "--one-format-json", str(out), "--device", args.device], check=True)
+        return {**json.loads(out.read_text()), "gpu_state": [before, gpu_state()]}
 
 
 def table(report: dict) -> str:
@@ -114,7 +143,7 @@ def table(report: dict) -> str:
                 config = "target" if r["method"] == "target" else f"greedy γ{r['gamma']}"
                 ms = r["ms_per_token"]
                 ratio = ms["median"] / base.get((run["batch"], r["method"], r["gamma"]), float("nan"))
-                eff = "" if r["method"] == "target" else f"{r['efficiency']:.3f}"
+                eff = "" if r["method"] == "target" or r["efficiency"] is None else f"{r['efficiency']:.3f}"
                 lines.append(f"{fmt:14} {run['batch']:>2} {config:>10} {ms['median']:8.3f} "
                              f"[{ms['min']:.3f}-{ms['max']:.3f}] {ratio:11.3f} {eff:>10} {r['loop']}")
     return "\n".join(lines)
@@ -130,30 +159,38 @@ def main():
     parser.add_argument("--gammas", default="4,auto")
     parser.add_argument("--formats", default="converted,converted-gqa,builder,optimum,builder-converted")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: the host loop, for checks")
     parser.add_argument("--build-only", action="store_true", help="write the folders and stop")
+    parser.add_argument("--one-format", help=argparse.SUPPRESS)   # bench_in_process's child
+    parser.add_argument("--one-format-json", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one_format:
+        folder = args.one_format.removesuffix("-again")
+        from specsample_cupy.bench import result_json
+        result = bench_format(*build_formats(args.work, args.pair)[folder], [int(b) for b in args.batches.split(",")],
+                              args.seeds, args.max_new_tokens,
+                              [g if g == "auto" else int(g) for g in args.gammas.split(",")], args.device)
+        result_json.write(args.one_format_json, result)
+        return
     if args.build_only:
         for fmt, (target, draft) in build_formats(args.work, args.pair).items():
             print(fmt, target, draft)
         return
-    import cupy
-
     from specsample_cupy.bench import result_json
 
     batches = [int(b) for b in args.batches.split(",")]
     gammas = [g if g == "auto" else int(g) for g in args.gammas.split(",")]
     conversion_s = {}
-    folders = build_formats(args.work, args.pair, conversion_s=conversion_s)
+    build_formats(args.work, args.pair, conversion_s=conversion_s)   # each format's process then finds it
     report = {"pair": args.pair, "max_new_tokens": args.max_new_tokens, "seeds": args.seeds,
-              "gpu": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "formats": {},
+              "gpu": gpu_name() if args.device == "cuda" else None, "formats": {},
               "command": "python benchmarks/formats.py " + " ".join(sys.argv[1:])}
     order = args.formats.split(",")
     if len(order) > 1 and order[0] == "converted":
         order.append("converted-again")   # the baseline once more, last: drift over the call shows
     for fmt in order:
         try:
-            report["formats"][fmt] = bench_format(*folders[fmt.removesuffix("-again")], batches, args.seeds,
-                                                  args.max_new_tokens, gammas)
+            report["formats"][fmt] = bench_in_process(fmt, args, batches, gammas)
             if fmt == "builder-converted" and conversion_s:   # converted in this run
                 report["formats"][fmt]["conversion_s"] = conversion_s
         except Exception as exc:  # noqa: BLE001 - a format that fails is reported, the others still run
@@ -169,7 +206,7 @@ def without_seed_runs(report: dict) -> dict:
     speed-up, ideal and efficiency, the tokens every request generated (equal work) and the loop; not
     the per-seed runs."""
     def kept(r):
-        medians = {k: r[k]["median"] for k in ("speedup", "ideal", "efficiency")}
+        medians = {k: r[k] and r[k]["median"] for k in ("speedup", "ideal", "efficiency")}   # CPU: no ideal
         return {"method": r["method"], "gamma": r["gamma"], "ms_per_token": r["ms_per_token"], **medians,
                 "overhead_per_round_us": r["overhead_per_round_us"], "tokens_per_request": r["tokens_per_request"],
                 "loop": r["loop"]}
