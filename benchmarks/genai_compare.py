@@ -11,11 +11,13 @@ Equal work: each request is one of the first `seeds` prompts of bench decode's s
 given to both as token ids; 128 new tokens (EOS ignored: GenAI's min_length is its max_length), greedy.
 The time is the request's wall time (prefill included) over the new tokens; median and range over the
 prompts. The systems alternate, two rounds, so drift over the call shows as a difference between rounds.
-GenAI runs in a process of its own each round (its libonnxruntime beside this project's onnxruntime
-module would be a second ONNX Runtime in one process).
+Each system runs in a process of its own each round (GenAI's libonnxruntime beside this project's
+onnxruntime module would be a second ONNX Runtime in one process, and a model held in memory while the
+other runs would compete with it where memory is short).
 
     python benchmarks/genai_compare.py --work DIR [--pair real-1.5b-self] [--dtype float16] [--seeds 5]
-                                       [--gammas 4,auto] [--device cuda] [--json F] [--build-only]
+                                       [--gammas 4,auto] [--device cuda] [--ours builder,converted]
+                                       [--json F] [--build-only]
 """
 from __future__ import annotations
 
@@ -136,26 +138,33 @@ def measure(run, prompts, new_tokens, k) -> dict:
             "stats": stats[0], "tokens": tokens}
 
 
-def genai_worker(job: Path) -> None:
-    """GenAI's side of one round, in its own process (its libonnxruntime apart from this project's
-    onnxruntime module): reads the job (folder, prompts, configs), writes {config: measure()}."""
+def worker(job: Path) -> None:
+    """One system's side of one round, in a process of its own (GenAI's libonnxruntime apart from this
+    project's onnxruntime module, and neither system's memory held while the other runs): reads the
+    job (system, folder, prompts, configs), writes {"results": {config: measure()}, "cuda_graphs"}."""
     spec = json.loads(job.read_text())
     import onnxruntime
     if spec["device"] == "cuda":
         onnxruntime.preload_dlls()
-    run = genai_runner(Path(spec["folder"]))
+    if spec["system"] == "genai":
+        run, graphs = genai_runner(Path(spec["folder"])), "enable_cuda_graph=1" if spec["device"] == "cuda" else False
+    else:
+        run = ours_runner(Path(spec["folder"]), spec["device"])
+        graphs = run.cuda_graphs
     results = {str(k): measure(run, spec["prompts"], spec["new_tokens"], k) for k in spec["configs"]}
-    job.with_suffix(".out.json").write_text(json.dumps(results))
+    job.with_suffix(".out.json").write_text(json.dumps({"results": results, "cuda_graphs": graphs}))
 
 
-def genai_round(folder: Path, device: str, prompts, new_tokens: int, configs, work: Path) -> dict:
+def in_process(system: str, folder: Path, device: str, prompts, new_tokens: int, configs, work: Path) -> dict:
+    """worker() of one system in a fresh process: ({config: measure()}, its cuda_graphs)."""
     import subprocess
 
-    job = work / "genai_job.json"
-    job.write_text(json.dumps({"folder": str(folder), "device": device, "prompts": prompts,
+    job = work / "job.json"
+    job.write_text(json.dumps({"system": system, "folder": str(folder), "device": device, "prompts": prompts,
                                "new_tokens": new_tokens, "configs": configs}))
-    subprocess.run([sys.executable, __file__, "--genai-worker", str(job)], check=True)
-    return {k if k == "auto" else int(k): v for k, v in json.loads(job.with_suffix(".out.json").read_text()).items()}
+    subprocess.run([sys.executable, __file__, "--worker", str(job)], check=True)
+    out = json.loads(job.with_suffix(".out.json").read_text())
+    return {k if k == "auto" else int(k): v for k, v in out["results"].items()}, out["cuda_graphs"]
 
 
 def main():
@@ -168,12 +177,14 @@ def main():
     parser.add_argument("--gammas", default="4,auto")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--ours", default="builder,converted",
+                        help="which of our two folders run beside GenAI (builder: as it comes; converted)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--build-only", action="store_true", help="write the folders and stop")
-    parser.add_argument("--genai-worker", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.genai_worker:
-        return genai_worker(args.genai_worker)
+    if args.worker:
+        return worker(args.worker)
     if args.build_only:
         print(build(args.work, args.pair, args.dtype))
         return
@@ -190,13 +201,12 @@ def main():
     tokenizer = ModelSpec.from_dir(folders["converted"] / "target").tokenizer
     prompts = [tokenizer.encode(p).ids for p in DEFAULT_PROMPTS[:args.seeds]]
     configs = [0] + [g if g == "auto" else int(g) for g in args.gammas.split(",")]
-    ours = {"ours, as it comes": ours_runner(folders["builder"], args.device),
-            "ours, converted": ours_runner(folders["converted"], args.device)}
+    names = {"builder": "ours, as it comes", "converted": "ours, converted"}
+    systems = {"genai": ("genai", folders["genai"]),
+               **{names[key]: ("ours", folders[key]) for key in args.ours.split(",")}}
     report = {"pair": args.pair, "dtype": args.dtype, "device": args.device, "max_new_tokens": args.max_new_tokens,
               "prompts": len(prompts), "command": "python benchmarks/genai_compare.py " + " ".join(sys.argv[1:]),
-              "onnxruntime": onnxruntime.__version__, "rounds": [],
-              "cuda_graphs": {**{name: run.cuda_graphs for name, run in ours.items()},
-                              "genai": "enable_cuda_graph=1" if args.device == "cuda" else False}}
+              "onnxruntime": onnxruntime.__version__, "rounds": [], "cuda_graphs": {}}
     try:
         from importlib.metadata import version
         package = "onnxruntime-genai-cuda" if args.device == "cuda" else "onnxruntime-genai"
@@ -207,13 +217,14 @@ def main():
         import cupy
         report["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     for r in range(args.rounds):
-        results = {"genai": genai_round(folders["genai"], args.device, prompts, args.max_new_tokens, configs,
-                                        args.work)}
-        for name, run in ours.items():
-            results[name] = {k: measure(run, prompts, args.max_new_tokens, k) for k in configs}
+        results = {}
+        for name, (system, folder) in systems.items():
+            results[name], graphs = in_process(system, folder, args.device, prompts, args.max_new_tokens, configs,
+                                               args.work)
+            report["cuda_graphs"][name] = graphs
         rows = []
         for k in configs:
-            for name in ("genai", *ours):
+            for name in systems:
                 res = results[name][k]
                 same = res["tokens"] == results["genai"][k]["tokens"]
                 rows.append({"system": name, "config": "target" if not k else f"greedy γ{k}",
