@@ -76,6 +76,8 @@ def test_bench_decode_table_and_json(pair, tmp_path):
         assert im.mode == "P" and im.size[0] > 300
     rows = json.loads(path.read_text())["runs"][0]["rows"]
     assert [(r["method"], r["gamma"]) for r in rows] == [("target", 0), ("exact", 3), ("greedy", 3)]
+    drift = rows[0]["drift"]   # target-only measured again at the end, against the first
+    assert 0 < drift["min"] <= drift["median"] <= drift["max"] and "target-only again" in result.stdout
     # Speed-ups are target-only's wall over the method's, seed by seed, in the same run (the file keeps 4
     # significant digits).
     target_wall = {r["seed"]: r["wall_s"] for r in rows[0]["runs"]}

@@ -11,7 +11,9 @@ the same number of tokens. Each configuration (batch, method, gamma) runs once p
   no overhead would reach with the acceptance measured), and the overhead per round
   (wall - model - verify). The events' own cost is the timed call's wall minus the untimed one's.
 
-Rows report the median and min-max over seeds and efficiency = measured / ideal.
+Rows report the median and min-max over seeds and efficiency = measured / ideal. Target-only runs
+once more after every configuration; its row's "drift" (the second wall time over the first, per seed)
+says whether the machine or the process held steady over the run that the speed-ups compare across.
 
 Every batch size draws its prompts from one set, the largest batch's (prompt_set): a batch of B
 takes B consecutive prompts of it, starting at seed * B, so B = 1 runs a different prompt per seed
@@ -133,7 +135,9 @@ def rows_against_target(target_runs, configs, cuda_events: bool = True):
 def run_bench(decoder, prompts_of, *, methods, gammas, temperature, seeds, max_new_tokens, progress=None):
     """Target-only and every (method, gamma) over the same seeds, each seed with the same prompts
     (prompts_of(seed)) for every configuration (module docstring). gammas: ints and/or "auto".
-    Returns the rows; the first is target-only against itself."""
+    Returns the rows; the first is target-only against itself, with "drift": target-only measured
+    once more after every configuration, its wall time over the first's per seed (median and range;
+    1 when the machine and process held steady over the run)."""
     configs = [("target", 0)] + [(m, g) for m in methods if m != "target" for g in gammas]
     # Warm-up with the measured shapes: kernel compilation, ONNX Runtime's first runs, graph captures
     # and the auto policy's calibration happen here. Auto gamma visits the step counts its seed's
@@ -149,7 +153,11 @@ def run_bench(decoder, prompts_of, *, methods, gammas, temperature, seeds, max_n
         for r in runs:
             r["tokens_per_request"] = max_new_tokens
         measured.append(((method, gamma), runs))
-    return rows_against_target(measured[0][1], measured, cuda_events=decoder.device == "cuda")
+    again = measure(decoder, prompts_of, "target", 0, temperature=temperature, seeds=seeds,
+                    max_new_tokens=max_new_tokens)
+    rows = rows_against_target(measured[0][1], measured, cuda_events=decoder.device == "cuda")
+    rows[0]["drift"] = _summary([b["wall_s"] / a["wall_s"] for a, b in zip(measured[0][1], again)])
+    return rows
 
 
 def _cell(value, fmt, median=True):
@@ -291,6 +299,9 @@ def bench_decode(pair, attention, pairs_dir, draft_scale, target, draft, ngram_m
         click.echo(f"pair={report['pair']} device={device} batch={batch} max_new_tokens={max_new_tokens} "
                    f"temperature={temperature} (greedy at 0) seeds={seeds} loop={rows[0]['loop']}")
         click.echo(results_table(rows))
+        drift = rows[0]["drift"]
+        click.echo(f"target-only again after the rest: {drift['median']:.3f}x the first's wall time "
+                   f"[{drift['min']:.3f}-{drift['max']:.3f}]")
         report["runs"].append({"batch": batch, "rows": rows})
     if json_path:
         result_json.write(json_path, report)
