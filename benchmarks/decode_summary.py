@@ -5,6 +5,11 @@ import json
 import sys
 
 
+def median(value):
+    """A row's statistic as a number: files keep either {median, min, max} or the median alone."""
+    return value["median"] if isinstance(value, dict) else value
+
+
 def summary_rows(report):
     for run in report["runs"]:
         rows = run["rows"]
@@ -14,7 +19,18 @@ def summary_rows(report):
             auto = next(r for r in rows if r["method"] == method and r["gamma"] == "auto")
             best = max(fixed, key=lambda r: r["speedup"]["median"])
             yield (report["pair"], run["batch"], method, target["ms_per_token"]["median"], auto, best,
-                   min(r["efficiency"]["median"] for r in rows))
+                   min(median(r["efficiency"]) for r in rows))
+
+
+def reports(data: dict):
+    """The bench decode reports in a result file: the file itself, or those it holds by pair or layout
+    (files that put several runs of one call together)."""
+    if "runs" in data:
+        yield data
+    for container in ("pairs", "layouts"):
+        for name, report in data.get(container, {}).items():
+            if "runs" in report:
+                yield {**report, "pair": f"{report.get('pair', name)} ({name})" if container == "layouts" else name}
 
 
 def main(paths):
@@ -22,11 +38,12 @@ def main(paths):
           "| mean γ | best fixed γ: speed-up (ideal) | auto ÷ best fixed | lowest efficiency, all γ |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for path in paths:
-        for pair, batch, method, ms, auto, best, low in summary_rows(json.load(open(path))):
+        for pair, batch, method, ms, auto, best, low in (row for report in reports(json.load(open(path)))
+                                                         for row in summary_rows(report)):
             s = auto["speedup"]
             print(f"| {pair} | {batch} | {method} | {ms:.2f} | {s['median']:.2f}× [{s['min']:.2f}–{s['max']:.2f}] "
-                  f"| {auto['ideal']['median']:.2f}× | {auto['efficiency']['median']:.3f} | {auto['mean_gamma']:.1f} "
-                  f"| γ = {best['gamma']}: {best['speedup']['median']:.2f}× ({best['ideal']['median']:.2f}×) "
+                  f"| {median(auto['ideal']):.2f}× | {median(auto['efficiency']):.3f} | {auto['mean_gamma']:.1f} "
+                  f"| γ = {best['gamma']}: {best['speedup']['median']:.2f}× ({median(best['ideal']):.2f}×) "
                   f"| {s['median'] / best['speedup']['median']:.2f} | {low:.3f} |")
 
 
