@@ -11,9 +11,7 @@ pay (the target itself as the draft; a draft whose proposals are all rejected), 
 mechanics of switching to target steps mid-call with scripted gammas: on the CPU's host loop, and
 (marked gpu) on the device loop against the host loop, and the policy on the device loop with the
 target drafting for itself."""
-import importlib.util
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +21,7 @@ from specsample_cupy.decode.gamma_policy import AutoGamma, FixedGamma, LineCost
 from specsample_cupy.decode.stats import Round
 
 from helpers_decode_gpu import GPU_DECODE, same_fraction
+from helpers_scripts import load_script
 
 
 def on_gpu(test):
@@ -32,15 +31,7 @@ def on_gpu(test):
     return test
 
 
-def _load_sim():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "auto_gamma_sim.py"
-    spec = importlib.util.spec_from_file_location("auto_gamma_sim", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-SIM = _load_sim()
+SIM = load_script("auto_gamma_sim")
 C0 = 1e-3      # seconds of a target step
 N = 128        # tokens per request per call
 CALLS = 9      # calls of one kind: a kind's first, then 8 (one of them speculates again: REPROBE)
