@@ -185,6 +185,8 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args.worker)
+    if args.work is None:
+        parser.error("--work DIR is required")
     if args.build_only:
         print(build(args.work, args.pair, args.dtype))
         return
