@@ -10,7 +10,7 @@ import sys
 import cupy as cp
 import numpy as np
 
-from specsample_cupy.bench import verify as bv
+from specsample_cupy.bench import result_json, verify as bv
 from specsample_cupy.verification.expected_accept import ExpectedAcceptance
 
 
@@ -49,7 +49,7 @@ def main(path=None):
                               f"{row['verify_exact_us']:.1f} | {t_ea / t_v:.2f} |", flush=True)
     if path:
         with open(path, "w") as f:
-            f.write(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": rows},
+            f.write(json.dumps({"device": result_json.gpu_name(0), "rows": rows},
                                separators=(",", ":")) + "\n")
 
 

@@ -98,11 +98,6 @@ def bench_format(target: Path, draft: Path, batches, seeds: int, max_new_tokens:
     return report
 
 
-def gpu_name() -> str:
-    import cupy
-    return cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-
-
 def gpu_state() -> str | None:
     """nvidia-smi's SM and memory clocks, temperature and power now (None without nvidia-smi): beside
     each format, so that a drift over the call can be told from the card's state."""
@@ -183,7 +178,7 @@ def main():
     conversion_s = {}
     build_formats(args.work, args.pair, conversion_s=conversion_s)   # each format's process then finds it
     report = {"pair": args.pair, "max_new_tokens": args.max_new_tokens, "seeds": args.seeds,
-              "gpu": gpu_name() if args.device == "cuda" else None, "formats": {},
+              "gpu": result_json.gpu_name(0) if args.device == "cuda" else None, "formats": {},
               "command": "python benchmarks/formats.py " + " ".join(sys.argv[1:])}
     order = args.formats.split(",")
     if len(order) > 1 and order[0] == "converted":
@@ -209,7 +204,7 @@ def without_seed_runs(report: dict) -> dict:
         medians = {k: r[k] and r[k]["median"] for k in ("speedup", "ideal", "efficiency")}   # CPU: no ideal
         return {"method": r["method"], "gamma": r["gamma"], "ms_per_token": r["ms_per_token"], **medians,
                 "overhead_per_round_us": r["overhead_per_round_us"], "tokens_per_request": r["tokens_per_request"],
-                "loop": r["loop"]}
+                "loop": r["loop"], **({"drift": r["drift"]} if "drift" in r else {})}
     formats = {fmt: {**result, "runs": [{**run, "rows": [kept(r) for r in run["rows"]]} for run in result["runs"]]}
                for fmt, result in report["formats"].items()}
     return {**report, "formats": formats}

@@ -24,13 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from specsample_cupy.bench import result_json  # noqa: E402 - after the path the scripts run with
 
 MAX_LENGTH = 256   # GenAI's fixed buffer (past/present capacity, the captured graph's shape)
 
@@ -100,10 +101,10 @@ def genai_runner(genai: Path):
             generator.generate_next_token()
         tokens = list(generator.get_sequence(0))[len(ids):]
         wall = time.perf_counter() - start
-        stats = {}
+        stats = {"loop": "GenAI's Generator"}
         if k:
             s = generator.get_speculative_stats()
-            stats = {key: s[key] for key in ("acceptance_rate", "rounds", "effective_k")}
+            stats.update({key: s[key] for key in ("acceptance_rate", "rounds", "effective_k")})
         return wall, [int(t) for t in tokens], stats
     return run
 
@@ -134,8 +135,8 @@ def measure(run, prompts, new_tokens, k) -> dict:
         walls.append(wall * 1e3 / new_tokens)
         tokens.append(out)
         stats.append(s)
-    return {"ms_per_token": {"median": statistics.median(walls), "min": min(walls), "max": max(walls)},
-            "stats": stats[0], "tokens": tokens}
+    return {"ms_per_token": result_json.median_range(walls), "tokens_per_request": new_tokens, "stats": stats[0],
+            "tokens": tokens}
 
 
 def worker(job: Path) -> None:
@@ -190,11 +191,8 @@ def main():
     if args.build_only:
         print(build(args.work, args.pair, args.dtype))
         return
-    import onnxruntime
+    import onnxruntime   # its version only: the models run in the workers
 
-    if args.device == "cuda":
-        onnxruntime.preload_dlls()
-    from specsample_cupy.bench import result_json
     from specsample_cupy.bench.decode import DEFAULT_PROMPTS
     from specsample_cupy.runtime.model_folder import ModelSpec
 
@@ -216,8 +214,7 @@ def main():
     except ImportError:
         pass
     if args.device == "cuda":
-        import cupy
-        report["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        report["gpu"] = result_json.gpu_name(0)
     for r in range(args.rounds):
         results = {}
         for name, (system, folder) in systems.items():
@@ -230,7 +227,8 @@ def main():
                 res = results[name][k]
                 same = res["tokens"] == results["genai"][k]["tokens"]
                 rows.append({"system": name, "config": "target" if not k else f"greedy γ{k}",
-                             "ms_per_token": res["ms_per_token"], **res["stats"], "same_tokens_as_genai": same})
+                             "ms_per_token": res["ms_per_token"], "tokens_per_request": res["tokens_per_request"],
+                             **res["stats"], "same_tokens_as_genai": same})
                 ms = res["ms_per_token"]
                 print(f"round {r} {name:18} {rows[-1]['config']:>11} {ms['median']:7.3f} "
                       f"[{ms['min']:.3f}-{ms['max']:.3f}] same tokens as genai: {same} {res['stats']}", flush=True)

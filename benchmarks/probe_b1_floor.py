@@ -18,7 +18,7 @@ import sys
 import cupy as cp
 import numpy as np
 
-from specsample_cupy.bench import verify as bv
+from specsample_cupy.bench import result_json, verify as bv
 
 SOURCE = r"""
 extern "C" __global__ void empty() {}
@@ -86,7 +86,7 @@ def main():
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     partial, counter, out = cp.zeros(8 * sms * 8, cp.float32), cp.zeros(1, cp.uint32), cp.zeros(1, cp.float32)
     empty_us = time_calls(lambda k: empty((1,), (1,), ()))
-    report = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "empty_kernel_us": empty_us,
+    report = {"device": result_json.gpu_name(0), "empty_kernel_us": empty_us,
               "B": 1, "gamma": 5, "dtype": "float32", "rows": []}
     print(f"empty kernel: {empty_us:.2f} us")
     print("V, dtype float32, B=1, gamma=5: read+1 best (grid) | all grids | exact")

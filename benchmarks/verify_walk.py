@@ -18,6 +18,7 @@ import json
 import numpy as np
 
 from specsample_cupy import verify
+from specsample_cupy.bench import result_json
 from specsample_cupy.bench.verify import InputRing, device_seconds, make_inputs, sampled_drafts
 from specsample_cupy.verification import kernel_launch as kernels
 
@@ -51,7 +52,7 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     import cupy as cp
-    gpu = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    gpu = result_json.gpu_name()
     rows = []
     print(f"exact verification, gamma = {G}, {gpu}: device µs per call, all rows vs walk")
     print("| dtype | V | B | drafts | mean accepted | all rows | walk | all rows / walk |")

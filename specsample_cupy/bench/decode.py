@@ -75,10 +75,6 @@ def _call(decoder, prompts, method, gamma, temperature, seed, max_new_tokens, ti
     return out.stats
 
 
-def _summary(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def prompt_set(batches, prompts=DEFAULT_PROMPTS) -> list[str]:
     """The prompts every batch size draws from: as many as the largest batch (`prompts` cycled)."""
     return list(itertools.islice(itertools.cycle(prompts), max(batches)))
@@ -119,10 +115,10 @@ def rows_against_target(target_runs, configs, cuda_events: bool = True):
         ideal = [by_seed[r["seed"]]["model_s"] / (r["model_s"] + r["verify_s"]) for r in runs]
         efficiency = [m / i for m, i in zip(measured, ideal)]
         rows.append({
-            "method": method, "gamma": gamma, "speedup": _summary(measured),
-            "ideal": _summary(ideal) if cuda_events else None,
-            "efficiency": _summary(efficiency) if cuda_events else None,
-            "ms_per_token": _summary([1e3 * r["wall_s"] / r["tokens_per_request"] for r in runs]),
+            "method": method, "gamma": gamma, "speedup": result_json.median_range(measured),
+            "ideal": result_json.median_range(ideal) if cuda_events else None,
+            "efficiency": result_json.median_range(efficiency) if cuda_events else None,
+            "ms_per_token": result_json.median_range([1e3 * r["wall_s"] / r["tokens_per_request"] for r in runs]),
             "acceptance_rate": statistics.median(r["acceptance_rate"] for r in runs),
             "mean_gamma": statistics.median(r["mean_gamma"] for r in runs),
             "overhead_per_round_us": statistics.median(1e6 * r["overhead_per_round_s"] for r in runs),
@@ -153,10 +149,10 @@ def run_bench(decoder, prompts_of, *, methods, gammas, temperature, seeds, max_n
         for r in runs:
             r["tokens_per_request"] = max_new_tokens
         measured.append(((method, gamma), runs))
-    again = measure(decoder, prompts_of, "target", 0, temperature=temperature, seeds=seeds,
-                    max_new_tokens=max_new_tokens)
+    again = [_call(decoder, prompts_of(r["seed"]), "target", 0, temperature, r["seed"], max_new_tokens,
+                   False)["wall_s"] / r["wall_s"] for r in measured[0][1]]   # untimed, as the speed-ups
     rows = rows_against_target(measured[0][1], measured, cuda_events=decoder.device == "cuda")
-    rows[0]["drift"] = _summary([b["wall_s"] / a["wall_s"] for a, b in zip(measured[0][1], again)])
+    rows[0]["drift"] = result_json.median_range(again)
     return rows
 
 
@@ -285,8 +281,7 @@ def bench_decode(pair, attention, pairs_dir, draft_scale, target, draft, ngram_m
               "device": device, "max_new_tokens": max_new_tokens, "temperature": temperature,
               "seeds": seeds, "cuda_graphs": decoder.cuda_graphs, "draft_scale": draft_scale, "runs": []}
     if device == "cuda":
-        import cupy
-        report["gpu"] = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+        report["gpu"] = result_json.gpu_name()
     if pair.startswith("real-"):
         report["attention"] = attention
     prompts = prompt_set(batches, WORKLOADS[workload])
