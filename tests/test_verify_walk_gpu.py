@@ -118,7 +118,8 @@ def test_the_plan_walks_when_asked_and_the_method_reads_whole_rows():
         opts = kernels.PlanOptions(**plan) if plan else None
         return kernels.plan_info(tokens, draft, target, dtype_name="float32", mode=mode, options=opts)["walk"]
 
-    assert not walks(64, 151936)                      # the default plan reads every row at once
+    assert not walks(64, 151936, walk=False)          # walk=False reads every row at once
+    assert not walks(8, 151936)                       # and so does the default plan for a small call
     assert walks(64, 151936, walk=True) and walks(1, 32000, kernels.MODE_PROBS, walk=True)
     assert not walks(64, 151936, kernels.MODE_SIGMOID, walk=True)
     assert not walks(64, 151936, kernels.MODE_MIN_P, walk=True)
