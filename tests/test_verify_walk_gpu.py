@@ -118,7 +118,21 @@ def test_the_plan_walks_when_asked_and_the_method_reads_whole_rows():
         opts = kernels.PlanOptions(**plan) if plan else None
         return kernels.plan_info(tokens, draft, target, dtype_name="float32", mode=mode, options=opts)["walk"]
 
-    assert not walks(64, 151936)                      # the default plan reads every row at once
+    assert not walks(64, 151936, walk=False)          # walk=False reads every row at once
+    assert not walks(8, 151936)                       # and so does the default plan for a small call
     assert walks(64, 151936, walk=True) and walks(1, 32000, kernels.MODE_PROBS, walk=True)
     assert not walks(64, 151936, kernels.MODE_SIGMOID, walk=True)
     assert not walks(64, 151936, kernels.MODE_MIN_P, walk=True)
+
+
+@pytest.mark.parametrize("B, V, dtype, walks", [(64, 151936, "float32", True), (64, 151936, "float16", False),
+                                                (128, 151936, "float16", True), (8, 151936, "float32", False),
+                                                (64, 32000, "float32", False)])
+def test_the_default_plan_walks_where_the_rows_hold_enough_bytes(B, V, dtype, walks):
+    """PlanOptions.walk None: the walk where the 2 gamma + 1 rows of every request hold WALK_MIN_BYTES."""
+    import cupy as cp
+    from specsample_cupy.verification.kernel_launch import MODE_LOGITS, WALK_MIN_BYTES, plan_info
+    tokens = cp.zeros((B, G), cp.int32)
+    draft, target = cp.zeros((B, G, V), dtype), cp.zeros((B, G + 1, V), dtype)
+    assert (B * (2 * G + 1) * V * draft.itemsize >= WALK_MIN_BYTES) == walks
+    assert plan_info(tokens, draft, target, dtype_name=dtype, mode=MODE_LOGITS)["walk"] is walks

@@ -71,6 +71,7 @@ class PlanOptions:
         of every row at once. It pays where the grid is oversubscribed and drafts are rejected early
         (H100, B = 64, V = 151936, random drafts: 127 against 181 µs fp32, 89 against 108 fp16) and
         costs where every item is resident at once (0.5-0.72x at B <= 8; benchmarks/verify_walk.py).
+        None (the default): the walk where a call's rows hold at least WALK_MIN_BYTES.
     grid: blocks launched; None launches min(work items, blocks resident at once). Any value is
         correct: work is handed out in order from a ticket counter, so extra blocks only queue and
         a single block does everything in turn. Changing it never changes the result.
@@ -81,7 +82,7 @@ class PlanOptions:
     p1_sweeps: int | None = None
     p2_sweeps: int | None = None
     lag_waves: float = 4.0
-    walk: bool = False
+    walk: bool | None = None
     grid: int | None = None
     lineinfo: bool = False
 
@@ -96,13 +97,20 @@ class PlanOptions:
             raise ValueError(f"PlanOptions.min_sweeps ({self.min_sweeps}) > max_sweeps ({self.max_sweeps})")
         if not (isinstance(self.lag_waves, (int, float)) and 0 <= self.lag_waves < float("inf")):
             raise ValueError(f"PlanOptions.lag_waves must be finite and >= 0, got {self.lag_waves!r}")
-        if not isinstance(self.walk, bool):
-            raise ValueError(f"PlanOptions.walk must be a bool, got {self.walk!r}")
+        if self.walk is not None and not isinstance(self.walk, bool):
+            raise ValueError(f"PlanOptions.walk must be a bool or None, got {self.walk!r}")
         if not isinstance(self.lineinfo, bool):
             raise ValueError(f"PlanOptions.lineinfo must be a bool, got {self.lineinfo!r}")
 
 
 DEFAULT_PLAN = PlanOptions()
+
+# The walk order by default (PlanOptions.walk None) where a call's 2 gamma + 1 rows per request hold this
+# many bytes: there reading every row costs more than the walk's position-by-position decisions
+# (H100, V = 151936, gamma = 5: float32 B = 64, 428 MB, 181 -> 127 µs on random drafts and no slower
+# with every draft accepted; float16 B = 64, 214 MB, 5 % slower when every draft is accepted; B <= 8,
+# 53 MB or less, 0.5-0.72x; benchmarks/NOTES.md, "The walk order").
+WALK_MIN_BYTES = 256 << 20
 
 
 def _kernel(name, lineinfo):
@@ -171,7 +179,8 @@ class _Plan:
         capacity = _resident_blocks(device_id, name, opts.lineinfo, self.shared_bytes)
         sweep = THREADS * vec
         sweeps = -(-V // sweep)
-        walk = opts.walk and mode in (MODE_LOGITS, MODE_PROBS)
+        walk = B * R * V * ITEMSIZE[tag] >= WALK_MIN_BYTES if opts.walk is None else opts.walk
+        walk = walk and mode in (MODE_LOGITS, MODE_PROBS)
         if walk:   # one position's 2B rows in one wave of the grid
             C1 = sweep * (opts.p1_sweeps or min(opts.max_sweeps, -(-sweeps // max(1, capacity // (2 * B)))))
         else:
