@@ -2,8 +2,8 @@
 
 A run whose inputs and outputs keep their shapes and addresses can be captured once and replayed:
 ONNX Runtime then enqueues the whole model with one graph launch, about 15 µs of host time instead
-of 0.7-1.1 ms for the embedded pair (benchmarks/NOTES.md, "Decode loop: host time per round"). The shapes stay fixed when
-the past is always the cache's full capacity C, its unused slots masked:
+of 0.7-1.1 ms for the embedded pair (benchmarks/NOTES.md, "Decode loop: host time per round"). The
+shapes stay fixed when the past is always the cache's full capacity C, its unused slots masked:
 
     past_key_values.*  [B, H, C, D]      the cache buffer itself (one buffer, never swapped)
     attention_mask     [B, C + S]        the cache's slot mask, then the S new columns'
