@@ -329,6 +329,21 @@ def _row_weights_before(x, temps, *, mode, sigmoid_offset, sigmoid_scale):
         return w / w.sum(-1, keepdims=True)
 
 
+def _sigmoid_race_weights_before(mode, residual, diff, z_n, temps, *, bonus):
+    """The sigmoid modes' race weights of every row n as whole arrays: the softmax of z_n / T
+    ('sigmoid') or max(1e-5, z_n / T) ('sigmoid-paper') for bonus rows; the residual ('sigmoid') or
+    max(1e-5, max(0, diff) / (1e-6 + its sum)) ('sigmoid-paper') for the others."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if mode == "sigmoid":
+            softmax = _row_weights_before(z_n[:, None, :], temps, mode="logits", sigmoid_offset=0.0,
+                                          sigmoid_scale=1.0)[:, 0]
+            return np.where(bonus[:, None], softmax, residual)
+        diff = np.maximum(diff, 0.0)
+        normalised = diff / (reference.PAPER_EPS + diff.sum(-1, keepdims=True))
+        z = z_n.astype(np.float64) / temps[:, None]
+        return np.maximum(np.where(bonus[:, None], z, normalised), reference.PAPER_FLOOR)
+
+
 def _reference_verify_before(draft_tokens, draft, target, lengths, temps, *, mode, seed, offset,
                              race_purpose, sigmoid_offset, sigmoid_scale, greedy_all=False):
     B, G1, V = target.shape
@@ -373,7 +388,7 @@ def _reference_verify_before(draft_tokens, draft, target, lengths, temps, *, mod
         residual = np.maximum(p_n - q_n, 0.0)
         residual = np.where((residual > 0).any(-1, keepdims=True), residual, p_n)
     if mode in reference.SIGMOID_MODES:
-        residual = reference._sigmoid_race_weights(mode, residual, p_n - q_n, target[b, n], temps, bonus=n >= L)
+        residual = _sigmoid_race_weights_before(mode, residual, p_n - q_n, target[b, n], temps, bonus=n >= L)
     e = race_exponential_before(random_bits_before(seed, offset, b[:, None], n[:, None], race_purpose,
                                                    np.arange(V)[None, :]))
     with np.errstate(invalid="ignore", divide="ignore"):

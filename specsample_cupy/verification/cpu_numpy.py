@@ -613,15 +613,17 @@ def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed,
     raced = sampled & (quick < 0)
     token, massless = quick, np.zeros(B, bool)
     if raced.any():
-        p_n = p.rows(b, n, only=raced)
         rejected = raced & (n < L)
-        if rejected.any() or mode in SIGMOID_MODES:
-            q_n = q.rows(b, n, only=rejected)      # 0 where n = L: no draft row there
-            residual = _residual(p_n, q_n)
+        if mode in SIGMOID_MODES:   # a bonus row races on weights of its own (_sigmoid_race_weights)
+            p_n, q_n = p.rows(b, n, only=rejected), q.rows(b, n, only=rejected)
+            bonus = raced & ~rejected
+            residual = _sigmoid_race_weights(mode, _residual(p_n, q_n), p_n, q_n, target[b[bonus], n[bonus]],
+                                             temps, bonus=bonus)
+        elif rejected.any():
+            p_n = p.rows(b, n, only=raced)
+            residual = _residual(p_n, q.rows(b, n, only=rejected))   # q: 0 where n = L (no draft row)
         else:   # only bonus tokens: max(0, p_n - 0) is p_n (no weight is negative or NaN)
-            residual = p_n
-        if mode in SIGMOID_MODES:
-            residual = _sigmoid_race_weights(mode, residual, p_n - q_n, target[b, n], temps, bonus=n >= L)
+            residual = p.rows(b, n, only=raced)
         raced_token, massless = _race(residual, raced, draws, n, race_purpose)
         token = np.where(raced, raced_token, token)
     p.release()
@@ -649,15 +651,21 @@ def verify_outputs(draft_tokens, n, token, err):
     return accepted, tokens, (accepted + 1) * ~failed, err
 
 
-def _sigmoid_race_weights(mode, residual, diff, z_n, temps, *, bonus):
-    """The sigmoid modes' sampling weights of row n [B, V] (reference_verify's docstring): residual
-    is max(0, s(p_n) - s(q_n)) or s(p_n) where that is all 0, diff = s(p_n) - s(q_n), z_n the
-    target's logits of row n."""
+def _sigmoid_race_weights(mode, residual, p_n, q_n, z_bonus, temps, *, bonus):
+    """The sigmoid modes' sampling weights of row n [B, V] (reference_verify's docstring), in place
+    of residual = max(0, s(p_n) - s(q_n)) or s(p_n) where that is all 0; p_n, q_n the rows s(p_n),
+    s(q_n) (read where not bonus); z_bonus [bonus.sum(), V] the target's logits of the bonus rows.
+    Each row's weights come from that row alone, and only the kind it races on is computed."""
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        z = z_n.astype(np.float64) / temps[:, None]
         if mode == "sigmoid":
-            softmax = row_weights(z_n[:, None, :], temps, mode="logits", sigmoid_offset=0.0, sigmoid_scale=1.0)[:, 0]
-            return np.where(bonus[:, None], softmax, residual)
-        diff = np.maximum(diff, 0.0)   # no fallback: an all-zero residual leaves the 1e-5 floor alone
-        normalised = diff / (PAPER_EPS + diff.sum(-1, keepdims=True))
-        return np.maximum(np.where(bonus[:, None], z, normalised), PAPER_FLOOR)
+            if bonus.any():
+                residual[bonus] = row_weights(z_bonus[:, None, :], temps[bonus], mode="logits",
+                                              sigmoid_offset=0.0, sigmoid_scale=1.0)[:, 0]
+            return residual
+        rest = ~bonus
+        if rest.any():   # no fallback: an all-zero residual leaves the 1e-5 floor alone
+            diff = np.maximum(p_n[rest] - q_n[rest], 0.0)
+            residual[rest] = diff / (PAPER_EPS + diff.sum(-1, keepdims=True))
+        if bonus.any():
+            residual[bonus] = z_bonus.astype(np.float64) / temps[bonus][:, None]
+        return np.maximum(residual, PAPER_FLOOR, out=residual)
