@@ -615,10 +615,9 @@ def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed,
     if raced.any():
         rejected = raced & (n < L)
         if mode in SIGMOID_MODES:   # a bonus row races on weights of its own (_sigmoid_race_weights)
-            p_n, q_n = p.rows(b, n, only=rejected), q.rows(b, n, only=rejected)
             bonus = raced & ~rejected
-            residual = _sigmoid_race_weights(mode, _residual(p_n, q_n), p_n, q_n, target[b[bonus], n[bonus]],
-                                             temps, bonus=bonus)
+            residual = _sigmoid_race_weights(mode, p.rows(b, n, only=rejected), q.rows(b, n, only=rejected),
+                                             target[b[bonus], n[bonus]], temps, rejected=rejected, bonus=bonus)
         elif rejected.any():
             p_n = p.rows(b, n, only=raced)
             residual = _residual(p_n, q.rows(b, n, only=rejected))   # q: 0 where n = L (no draft row)
@@ -651,21 +650,23 @@ def verify_outputs(draft_tokens, n, token, err):
     return accepted, tokens, (accepted + 1) * ~failed, err
 
 
-def _sigmoid_race_weights(mode, residual, p_n, q_n, z_bonus, temps, *, bonus):
-    """The sigmoid modes' sampling weights of row n [B, V] (reference_verify's docstring), in place
-    of residual = max(0, s(p_n) - s(q_n)) or s(p_n) where that is all 0; p_n, q_n the rows s(p_n),
-    s(q_n) (read where not bonus); z_bonus [bonus.sum(), V] the target's logits of the bonus rows.
-    Each row's weights come from that row alone, and only the kind it races on is computed."""
+def _sigmoid_race_weights(mode, p_n, q_n, z_bonus, temps, *, rejected, bonus):
+    """The sigmoid modes' sampling weights of row n [B, V] (reference_verify's docstring) of the rows
+    that race: rejected ones from p_n = s(p_n) and q_n = s(q_n) ([B, V], read there), bonus ones from
+    z_bonus [bonus.sum(), V], the target's logits of those rows; 0 in the other rows. Each row's
+    weights come from that row alone, and only the kind it races on is computed."""
+    out = np.zeros(p_n.shape)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         if mode == "sigmoid":
+            if rejected.any():
+                out[rejected] = _residual(p_n[rejected], q_n[rejected])
             if bonus.any():
-                residual[bonus] = row_weights(z_bonus[:, None, :], temps[bonus], mode="logits",
-                                              sigmoid_offset=0.0, sigmoid_scale=1.0)[:, 0]
-            return residual
-        rest = ~bonus
-        if rest.any():   # no fallback: an all-zero residual leaves the 1e-5 floor alone
-            diff = np.maximum(p_n[rest] - q_n[rest], 0.0)
-            residual[rest] = diff / (PAPER_EPS + diff.sum(-1, keepdims=True))
+                out[bonus] = row_weights(z_bonus[:, None, :], temps[bonus], mode="logits",
+                                         sigmoid_offset=0.0, sigmoid_scale=1.0)[:, 0]
+            return out
+        if rejected.any():   # no fallback: an all-zero residual leaves the 1e-5 floor alone
+            diff = np.maximum(p_n[rejected] - q_n[rejected], 0.0)
+            out[rejected] = diff / (PAPER_EPS + diff.sum(-1, keepdims=True))
         if bonus.any():
-            residual[bonus] = z_bonus.astype(np.float64) / temps[bonus][:, None]
-        return np.maximum(residual, PAPER_FLOOR, out=residual)
+            out[bonus] = z_bonus.astype(np.float64) / temps[bonus][:, None]
+        return np.maximum(out, PAPER_FLOOR, out=out)
