@@ -1,0 +1,76 @@
+"""exact / sigmoid / sigmoid-paper device µs per call at chosen (B, V) points, random draft ids and ids
+sampled from the draft (specsample_cupy.bench.verify.rows_read_table: rotated inputs, calls queued
+behind a busy kernel), for the package found on PYTHONPATH: run it once per source tree, alternating,
+to compare two versions of the kernel in one session on one GPU.
+
+Usage (GPU): python3 benchmarks/verify_rows_read.py LABEL OUT.json [--points 1x32000,8x151936]
+                 [--dtypes float32,float16] [--reps 30]
+Combine runs: python3 benchmarks/verify_rows_read.py --combine OUT.json RUN.json [RUN.json ...]
+(the median of each label's runs per point, each method's ratio to exact, and each label's time over
+the first label's)."""
+import argparse
+import json
+import statistics
+from collections import defaultdict
+
+DEFAULT_POINTS = "1x32000,1x151936,1x256000,8x32000,8x51864,8x151936,64x151936,64x256000"
+
+
+def measure(args):
+    from specsample_cupy.bench import verify as bv
+    points = tuple(tuple(int(x) for x in p.split("x")) for p in args.points.split(","))
+    table = bv.rows_read_table(points=points, dtypes=tuple(args.dtypes.split(",")), reps=args.reps)
+    table["label"] = args.label
+    with open(args.out, "w") as f:
+        json.dump(table, f)
+    for r in table["rows"]:
+        print(args.label, r["dtype"], r["B"], r["V"], r["drafts"], r["method"], f"{r['us']:.2f}")
+
+
+def combine(out, runs):
+    by = defaultdict(list)   # (label, dtype, B, V, drafts, method) -> µs of each run
+    labels, device = [], None
+    for path in runs:
+        t = json.load(open(path))
+        device = device or t["device"]
+        if t["label"] not in labels:
+            labels.append(t["label"])
+        for r in t["rows"]:
+            by[(t["label"], r["dtype"], r["B"], r["V"], r["drafts"], r["method"])].append(r["us"])
+    rows = []
+    order = sorted(by.items(), key=lambda kv: (labels.index(kv[0][0]),) + kv[0][1:])
+    for (label, dtype, B, V, drafts, method), us in order:
+        med = statistics.median(us)
+        exact = statistics.median(by[(label, dtype, B, V, drafts, "exact")])
+        first = statistics.median(by[(labels[0], dtype, B, V, drafts, method)])
+        rows.append([label, dtype, B, V, drafts, method, round(med, 2), round(min(us), 2), round(max(us), 2),
+                     round(exact / med, 3), round(med / first, 3)])
+    doc = dict(device=device, runs=len(runs), labels=labels,
+               columns=["label", "dtype", "B", "V", "drafts", "method", "us_median", "us_min", "us_max",
+                        "exact_over_method", "over_first_label"],
+               rows=rows)
+    with open(out, "w") as f:
+        json.dump(doc, f, separators=(",", ":"))
+    print(f"{'label':<8} {'dtype':<8} {'B':>3} {'V':>7} {'drafts':<8} {'method':<14} {'us':>8} "
+          f"{'exact/x':>8} {'vs ' + labels[0]:>10}")
+    for r in rows:
+        print(f"{r[0]:<8} {r[1]:<8} {r[2]:>3} {r[3]:>7} {r[4]:<8} {r[5]:<14} {r[6]:>8.2f} {r[9]:>8.3f} {r[10]:>10.3f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="+", help="LABEL OUT.json, or with --combine OUT.json RUN.json ...")
+    ap.add_argument("--combine", action="store_true")
+    ap.add_argument("--points", default=DEFAULT_POINTS)
+    ap.add_argument("--dtypes", default="float32,float16")
+    ap.add_argument("--reps", type=int, default=30)
+    args = ap.parse_args()
+    if args.combine:
+        combine(args.paths[0], args.paths[1:])
+    else:
+        args.label, args.out = args.paths
+        measure(args)
+
+
+if __name__ == "__main__":
+    main()
