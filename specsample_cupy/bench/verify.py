@@ -286,14 +286,3 @@ def rows_read_table(points=ROWS_READ_POINTS, dtypes=("float32",), gamma=5, reps=
             cp.get_default_memory_pool().free_all_blocks()
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     return dict(device=props["name"].decode(), gamma=gamma, reps=reps, rows=rows)
-
-
-if __name__ == "__main__":   # python3 specsample_cupy/bench/verify.py LABEL OUT.json [dtype ...]
-    import json
-    import sys
-    table = rows_read_table(dtypes=tuple(sys.argv[3:]) or ("float32",))
-    table["label"] = sys.argv[1]
-    with open(sys.argv[2], "w") as f:
-        json.dump(table, f)
-    for r in table["rows"]:
-        print(sys.argv[1], r["dtype"], r["B"], r["V"], r["drafts"], r["method"], f"{r['us']:.1f}")
