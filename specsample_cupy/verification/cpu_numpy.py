@@ -618,11 +618,10 @@ def reference_verify(draft_tokens, draft, target, lengths, temps, *, mode, seed,
             bonus = raced & ~rejected
             residual = _sigmoid_race_weights(mode, p.rows(b, n, only=rejected), q.rows(b, n, only=rejected),
                                              target[b[bonus], n[bonus]], temps, rejected=rejected, bonus=bonus)
-        elif rejected.any():
-            p_n = p.rows(b, n, only=raced)
-            residual = _residual(p_n, q.rows(b, n, only=rejected))   # q: 0 where n = L (no draft row)
-        else:   # only bonus tokens: max(0, p_n - 0) is p_n (no weight is negative or NaN)
+        else:   # bonus rows race on p_n itself (max(0, p_n - 0): no weight is negative or NaN)
             residual = p.rows(b, n, only=raced)
+            if rejected.any():   # q: 0 where n = L (no draft row)
+                residual = _residual(residual, q.rows(b, n, only=rejected))
         raced_token, massless = _race(residual, raced, draws, n, race_purpose)
         token = np.where(raced, raced_token, token)
     p.release()
