@@ -1,29 +1,25 @@
 #!/usr/bin/env bash
-# Verification on the GPU machine (after its set-up), in one call: the verify GPU tests, the rows-read
-# table of this tree against another revision's package (runs alternated, then combined: medians,
-# ratios to exact and to the other revision), and the small-batch timeline of exact.
+# On the GPU machine (after its set-up), one call: verification's GPU tests, the rows-read table of this
+# tree against another revision's (alternated runs, combined) and exact's small-batch timeline.
 # Usage: bash benchmarks/gpu_verify.sh OUT_DIR OTHER_TREE [ROUNDS] [PYTEST_TARGETS|none]
-#   OTHER_TREE: a folder holding the other revision's specsample_cupy/ and kernels_cu/, e.g. made here
-#   before the call with git archive REV specsample_cupy kernels_cu | xz > .device/base.tar.xz and
-#   unpacked there (the GPU machine gets no git history)
-#   e.g. bash benchmarks/gpu_verify.sh $OUT /tmp/base 2
+#   OTHER_TREE: that revision's specsample_cupy/ and kernels_cu/ (git archive REV, unpacked there)
 set -uo pipefail
 out=${1:?output dir}; other=${2:?the other tree}; rounds=${3:-2}
 tests=${4:-"tests/test_verify_gpu.py tests/test_verify_contract.py tests/test_verify_rows_read.py
   tests/test_verify_walk_gpu.py tests/test_verify_min_p_fused_gpu.py tests/test_verify_chi2_plans.py
   tests/test_verify_streams_gpu.py tests/test_verify_onehot.py tests/test_verify_warps_gpu.py"}
 export PYTHONUNBUFFERED=1
-here=$PYTHONPATH
-workers=()
+here=$PYTHONPATH; workers=()
 python3 -c "import xdist" 2>/dev/null && workers=(-n 8 --dist loadfile)
 if [ "$tests" != none ]; then
   python3 -m pytest -m gpu -q -p no:cacheprovider "${workers[@]}" $tests 2>&1 | tail -30 | tee "$out/pytest_verify.txt"
 fi
 for k in $(seq 1 "$rounds"); do
-  PYTHONPATH="$other:$here" python3 benchmarks/verify_rows_read.py other "$out/rr_other$k.json" \
-    --dtypes float32,float16 > "$out/rr_other$k.log" 2>&1 || tail -5 "$out/rr_other$k.log"
-  python3 benchmarks/verify_rows_read.py this "$out/rr_this$k.json" --dtypes float32,float16 \
-    > "$out/rr_this$k.log" 2>&1 || tail -5 "$out/rr_this$k.log"
+  for label in other this; do
+    path=$here; [ $label = other ] && path="$other:$here"
+    PYTHONPATH="$path" python3 benchmarks/verify_rows_read.py $label "$out/rr_$label$k.json" \
+      > "$out/rr_$label$k.log" 2>&1 || tail -5 "$out/rr_$label$k.log"
+  done
 done
 python3 benchmarks/verify_rows_read.py --combine "$out/verify_rows_read.json" "$out"/rr_other*.json "$out"/rr_this*.json
 python3 benchmarks/probes/verify_timeline.py --json "$out/verify_timeline.json" 2>&1 | tail -60

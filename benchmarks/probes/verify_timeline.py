@@ -1,21 +1,10 @@
-"""Where a small-batch `exact` call spends its time: the verify kernel with a %globaltimer stamp
-(thread 0, per block) at each step of its chain, read back after every call.
+"""Where a small-batch `exact` call spends its time: verify.cu with a %globaltimer stamp (thread 0 of
+each block) at each step of its chain (STAMPS), read back after every call; per stamp the first, median
+and last block's time after the first block started (µs, medians over calls), beside the CUDA-event
+times of the plain and the instrumented kernel (bench verify's harness).
 
-The instrumented text is made here from kernels_cu/verify.cu (kernel_runtime.kernel_source) by inserting
-stamps at fixed anchors; an anchor that is no longer in the source stops the probe. The package's
-kernel is unchanged: kernel_runtime.functions is replaced for verify.cu in this process only.
-
-Stamps (ns after the first block started, medians over calls; P1: every P1 block; P2: every P2 block;
-the finisher: the request's last P2 block):
-  start        the block entered the kernel          ticket     its first ticket came back
-  p1_read      P1: slice read and reduced            p1_pub     P1: partial published, counted in
-  p2_gather    P2: token logits asked for            p2_wait    P2: every P1 item counted
-  p2_combine   P2: rows combined into shared memory  p2_decide  P2: stop position n known
-  p2_race      P2: its slice of row n raced          p2_reduce  P2: the block's winner reduced
-  p2_pub       P2: winner published, counted in      fin_read   finisher: winners reduced
-  fin_end      finisher: outputs written
-CUDA-event µs of the instrumented and of the plain kernel (same inputs, same harness as bench verify)
-are printed beside them: the stamps cost a little.
+The instrumented text is verify.cu's (kernel_runtime.kernel_source) with stamps inserted at anchors,
+each checked (a missing one stops the probe); only this process compiles it.
 
 Usage (GPU): python3 benchmarks/probes/verify_timeline.py [--batch 1] [--vocab 32000,151936,256000]
                  [--dtype float32] [--calls 60] [--json OUT]
@@ -25,113 +14,92 @@ import json
 
 import numpy as np
 
-N_SLOTS = 16          # stamps per block; slot 14: items the block ran, slot 15: its first item
-MAX_BLOCKS = 8192
-
+SLOTS, MAX_BLOCKS = 16, 8192   # stamps per block; slot 14: items the block ran, slot 15: its first item
+STAMPS = {   # slot: (name, what it marks; P1 / P2 blocks, the finisher: the request's last P2 block)
+    0: ("start", "block entered the kernel"), 1: ("ticket", "first ticket back"),
+    2: ("p1_read", "P1 slice read and reduced"), 3: ("p1_pub", "P1 partial published"),
+    4: ("p2_gather", "P2 token logits asked for"), 5: ("p2_wait", "P2 saw every P1 item"),
+    6: ("p2_combine", "P2 rows combined"), 7: ("p2_decide", "P2 stop n known"),
+    8: ("p2_race", "P2 slice of row n raced"), 9: ("p2_reduce", "P2 winner reduced"),
+    10: ("p2_pub", "P2 winner published"), 11: ("fin_read", "finisher reduced the winners"),
+    12: ("fin_end", "finisher wrote the outputs")}
 PRELUDE = r"""
-#define SS_TL_N 16
-__device__ unsigned long long ss_tl[%d * SS_TL_N];
+__device__ unsigned long long ss_tl[%d * %d];
 __device__ __forceinline__ unsigned long long ss_now() {
   unsigned long long t; asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t) :: "memory"); return t;
 }
-#define SS_TL_RAW(k) (ss_tl[blockIdx.x * SS_TL_N + (k)] = ss_now())
+#define SS_TL_RAW(k) (ss_tl[blockIdx.x * %d + (k)] = ss_now())
 #define SS_TL(k) do { if (threadIdx.x == 0) SS_TL_RAW(k); } while (0)
-""" % MAX_BLOCKS
-
-TICKET = "const long long item = take_ticket(ticket, sh + 5);\n"
-# (anchor, text inserted after it, occurrences expected)
+""" % (MAX_BLOCKS, SLOTS, SLOTS)
+FIRST_ITEM = ("      if (item < total && threadIdx.x == 0 && ss_tl[blockIdx.x * %d + 14]++ == 0) {\n"
+              "        SS_TL_RAW(1); ss_tl[blockIdx.x * %d + 15] = item;\n      }\n" % (SLOTS, SLOTS))
+# (anchor, text, occurrences, whether the text goes after the anchor or before it)
 ANCHORS = [
-    ("  Verifier<T, TOK, VEC, MODE> v;\n", "  SS_TL(0);\n", 1),
-    (TICKET, "      if (item < total && threadIdx.x == 0) {\n"
-             "        if (ss_tl[blockIdx.x * SS_TL_N + 14]++ == 0) {\n"
-             "          SS_TL_RAW(1); ss_tl[blockIdx.x * SS_TL_N + 15] = item;\n        }\n"
-             "      }\n", 2),
-    ("        st = block_reduce(st, Combine(), red);\n", "        SS_TL(2);\n", 1),
-    ("      publish_add(req_ctr + b, 1);\n", "      SS_TL_RAW(3);\n", 1),
-    ("      if (threadIdx.x < 32) first = gather(b, threadIdx.x, rq);\n", "      SS_TL(4);\n", 1),
-    ("    wait_rows(b);\n    if (threadIdx.x == 0) sh[4] = 0;\n", "    SS_TL(5);\n", 1),
-    ("    combine_rows(b, rq, sh + 4);\n    __syncthreads();\n", "    SS_TL(6);\n", 1),
-    ("    __syncthreads();\n    const int n = sh[0];\n", "    SS_TL(7);\n", 1),
-    ("        }\n      }\n    }\n    int checks = 0;", None, 1),   # checked only; SS_TL(8) goes before it
+    ("  Verifier<T, TOK, VEC, MODE> v;\n", "  SS_TL(0);\n", 1, True),
+    ("const long long item = take_ticket(ticket, sh + 5);\n", FIRST_ITEM, 2, True),
+    ("        st = block_reduce(st, Combine(), red);\n", "        SS_TL(2);\n", 1, True),
+    ("      publish_add(req_ctr + b, 1);\n", "      SS_TL_RAW(3);\n", 1, True),
+    ("      if (threadIdx.x < 32) first = gather(b, threadIdx.x, rq);\n", "      SS_TL(4);\n", 1, True),
+    ("    wait_rows(b);\n    if (threadIdx.x == 0) sh[4] = 0;\n", "    SS_TL(5);\n", 1, True),
+    ("    combine_rows(b, rq, sh + 4);\n    __syncthreads();\n", "    SS_TL(6);\n", 1, True),
+    ("    __syncthreads();\n    const int n = sh[0];\n", "    SS_TL(7);\n", 1, True),
+    ("    int checks = 0;   // the sigmoid", "    SS_TL(8);\n", 1, False),
     ("    if (paper_rejects) rsum = block_reduce(rsum, AddFloat(), reinterpret_cast<float*>(red));\n",
-     "    SS_TL(9);\n", 1),
-    ("    __syncthreads();\n    if (!sh[2]) return;\n", None, 1),
-    ("    for (int i = threadIdx.x; i <= G; i += SS_THREADS) {\n      int t = -1;\n", None, 1),
+     "    SS_TL(9);\n", 1, True),
+    ("\n    if (!sh[2]) return;\n", "\n    SS_TL(10);", 1, False),
+    ("    if (threadIdx.x == 0) {\n      int token = -1;\n", "    SS_TL(11);\n", 1, False),
+    ("      tokens[(long long)b * (G + 1) + i] = t;\n    }\n", "    SS_TL(12);\n", 1, True),
 ]
-STAMPS = ["start", "ticket", "p1_read", "p1_pub", "p2_gather", "p2_wait", "p2_combine", "p2_decide",
-          "p2_race", "p2_reduce", "p2_pub", "fin_read", "fin_end"]
 
 
 def instrument(src):
-    """verify.cu's inlined text with the stamps; raises if the source no longer has an anchor."""
-    for anchor, insert, count in ANCHORS:
-        found = src.count(anchor)
-        if found != count:
-            raise SystemExit(f"verify_timeline: anchor found {found} times, expected {count}:\n{anchor}")
-        if insert is not None:
-            src = src.replace(anchor, anchor + insert)
-    src = src.replace("    int checks = 0;   // the sigmoid", "    SS_TL(8);\n    int checks = 0;   // the sigmoid")
-    src = src.replace("    __syncthreads();\n    if (!sh[2]) return;\n",
-                      "    __syncthreads();\n    SS_TL(10);\n    if (!sh[2]) return;\n")
-    # finisher: after its reductions (before thread 0 writes the outputs), and after the token writes
-    src = src.replace("    if (threadIdx.x == 0) {\n      int token = -1;\n",
-                      "    SS_TL(11);\n    if (threadIdx.x == 0) {\n      int token = -1;\n")
-    tail = "      tokens[(long long)b * (G + 1) + i] = t;\n    }\n"
-    if src.count(tail) != 1:
-        raise SystemExit("verify_timeline: the finisher's token loop is not where it was")
-    src = src.replace(tail, tail + "    SS_TL(12);\n")
+    """verify.cu's inlined text with the stamps; stops if the source no longer has an anchor."""
+    for anchor, text, count, after in ANCHORS:
+        if src.count(anchor) != count:
+            raise SystemExit(f"verify_timeline: anchor found {src.count(anchor)} times, not {count}:\n{anchor}")
+        src = src.replace(anchor, anchor + text if after else text + anchor)
     return PRELUDE + src
 
 
 def install(cp):
-    """Route verify.cu's compilation through instrument(); returns the list the modules land in."""
+    """Compile verify.cu through instrument() in this process; returns the list its modules land in."""
     from specsample_cupy.runtime import kernel_runtime
+    from specsample_cupy.verification import kernel_launch
     original, modules, cache = kernel_runtime.functions, [], {}
 
-    def functions(source_name, name_expressions, *, lineinfo=False):
+    def functions(source_name, names, *, lineinfo=False):
         if source_name != "verify.cu":
-            return original(source_name, name_expressions, lineinfo=lineinfo)
-        names = tuple(name_expressions)
+            return original(source_name, names, lineinfo=lineinfo)
+        names = tuple(names)
         if names not in cache:
-            module = cp.RawModule(code=instrument(kernel_runtime.kernel_source("verify.cu")),
-                                  options=("--std=c++17",), name_expressions=list(names))
-            modules.append(module)
-            cache[names] = tuple(module.get_function(n) for n in names)
+            modules.append(cp.RawModule(code=instrument(kernel_runtime.kernel_source("verify.cu")),
+                                        options=("--std=c++17",), name_expressions=list(names)))
+            cache[names] = tuple(modules[-1].get_function(n) for n in names)
         return cache[names]
 
     kernel_runtime.functions = functions
+    kernel_launch._plans._unpinned.clear()   # plans hold their kernel: made again, instrumented
     return modules
 
 
 def stamps_of(buf):
-    """One call's stamps: {name: array over the blocks that set it}, ns after the first start."""
-    t = buf.reshape(MAX_BLOCKS, N_SLOTS).astype(np.int64)
+    """One call: ({name: ns after the first start, over the blocks that set that stamp}, blocks that ran
+    more than one item: their stamps are their last item's)."""
+    t = buf.reshape(MAX_BLOCKS, SLOTS).astype(np.int64)
     ran = t[:, 0] > 0
     t0 = t[ran, 0].min()
-    p1 = ran & (t[:, 2] > 0)
-    p2 = ran & (t[:, 4] > 0)
-    fin = ran & (t[:, 12] > 0)
-    out = {"start": t[ran, 0] - t0, "ticket": t[ran & (t[:, 1] > 0), 1] - t0}
-    for k, name in enumerate(STAMPS[2:], start=2):
-        sel = p1 if k in (2, 3) else (fin if k in (11, 12) else p2)
-        out[name] = t[sel & (t[:, k] > 0), k] - t0
-    out["multi_item_blocks"] = np.array([int((t[ran, 14] > 1).sum())])
-    return out
+    return {name: t[ran & (t[:, k] > 0), k] - t0 for k, (name, _) in STAMPS.items()}, int((t[ran, 14] > 1).sum())
 
 
 def summary(calls):
-    """Per stamp: median over calls of the first, median and last block's time (µs)."""
+    """Per stamp: medians over calls of the first, median and last block's µs, and of the block count."""
     rows = {}
-    for name in STAMPS + ["multi_item_blocks"]:
-        first = [c[name].min() for c in calls if c[name].size]
-        med = [np.median(c[name]) for c in calls if c[name].size]
-        last = [c[name].max() for c in calls if c[name].size]
-        if first:
-            scale = 1.0 if name == "multi_item_blocks" else 1e-3
-            rows[name] = dict(first=round(float(np.median(first)) * scale, 3),
-                              median=round(float(np.median(med)) * scale, 3),
-                              last=round(float(np.median(last)) * scale, 3),
-                              blocks=int(np.median([c[name].size for c in calls])))
+    for name in calls[0]:
+        hit = [c[name] for c in calls if c[name].size]
+        if hit:
+            rows[name] = {key: round(float(np.median([f(h) for h in hit])) * 1e-3, 3)
+                          for key, f in (("first", np.min), ("median", np.median), ("last", np.max))}
+            rows[name]["blocks"] = int(np.median([h.size for h in hit]))
     return rows
 
 
@@ -140,52 +108,41 @@ def main():
     ap.add_argument("--batch", default="1")
     ap.add_argument("--vocab", default="32000,151936,256000")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--method", default="exact")
     ap.add_argument("--calls", type=int, default=60)
     ap.add_argument("--json")
     args = ap.parse_args()
     import cupy as cp
     from specsample_cupy.bench import verify as bv
-    plain = {}
     points = [(int(b), int(v), d) for d in args.dtype.split(",") for b in args.batch.split(",")
               for v in args.vocab.split(",")]
-    for B, V, dtype in points:   # the package's own kernel first, in the bench's harness
-        plain[(B, V, dtype)] = bv.time_method(cp, args.method, bv.make_inputs(cp, B, 5, V, dtype), 30)[0] * 1e6
-    cp.get_default_memory_pool().free_all_blocks()
-    modules = install(cp)
-    from specsample_cupy.verification import kernel_launch
-    kernel_launch._plans._unpinned.clear()   # plans hold their kernel: make them again, instrumented
-    results = []
+    rings = {p: bv.make_inputs(cp, p[0], 5, p[1], p[2]) for p in points}
+    plain = {p: bv.time_method(cp, "exact", rings[p], 30)[0] * 1e6 for p in points}
+    modules, results = install(cp), []
     for B, V, dtype in points:
-        ring = bv.make_inputs(cp, B, 5, V, dtype)
-        for k in range(3):
-            bv.call_verify(args.method, ring.next(), seed=k)
-        cp.cuda.Device().synchronize()
-        if not modules:
-            raise SystemExit("verify_timeline: the package did not compile verify.cu through kernel_runtime.functions")
-        ptr = modules[-1].get_global("ss_tl")
-        tl = cp.ndarray((MAX_BLOCKS * N_SLOTS,), cp.uint64, ptr)
-        calls = []
+        ring = rings[(B, V, dtype)]
+        bv.call_verify("exact", ring.next(), seed=0).accepted.get()
+        tl = cp.ndarray((MAX_BLOCKS * SLOTS,), cp.uint64, modules[-1].get_global("ss_tl"))
+        calls, multi = [], []
         for k in range(args.calls):
             tl.fill(0)
-            bv.call_verify(args.method, ring.next(), seed=100 + k)
-            cp.cuda.Device().synchronize()
-            calls.append(stamps_of(tl.get()))
-        instrumented = bv.time_method(cp, args.method, ring, 30)[0] * 1e6
-        row = dict(B=B, V=V, dtype=dtype, method=args.method, plain_us=round(plain[(B, V, dtype)], 2),
-                   instrumented_us=round(instrumented, 2), stamps=summary(calls))
+            bv.call_verify("exact", ring.next(), seed=100 + k).accepted.get()
+            stamps, m = stamps_of(tl.get())
+            calls.append(stamps)
+            multi.append(m)
+        row = dict(B=B, V=V, dtype=dtype, plain_us=round(plain[(B, V, dtype)], 2),
+                   instrumented_us=round(bv.time_method(cp, "exact", ring, 30)[0] * 1e6, 2), stamps=summary(calls),
+                   multi_item_blocks=max(multi))
         results.append(row)
-        print(f"\n{args.method} B={B} V={V} {dtype}: plain {row['plain_us']:.2f} µs, instrumented "
-              f"{row['instrumented_us']:.2f} µs (events); stamps in µs after the first block started")
-        print(f"{'stamp':<12} {'first':>7} {'median':>7} {'last':>7} {'blocks':>6}")
+        print(f"\nexact B={B} V={V} {dtype}: plain {row['plain_us']:.2f} µs, instrumented {row['instrumented_us']:.2f}"
+              f" µs (events); stamps: µs after the first block started, medians over {args.calls} calls"
+              f" (blocks with several items: {row['multi_item_blocks']})")
         for name, s in row["stamps"].items():
-            print(f"{name:<12} {s['first']:>7.2f} {s['median']:>7.2f} {s['last']:>7.2f} {s['blocks']:>6}")
-        del ring
-        cp.get_default_memory_pool().free_all_blocks()
+            print(f"{name:<18} {s['first']:>7.2f} {s['median']:>7.2f} {s['last']:>7.2f} {s['blocks']:>6}")
     if args.json:
         props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
         with open(args.json, "w") as f:
-            json.dump(dict(device=props["name"].decode(), rows=results), f, separators=(",", ":"))
+            json.dump(dict(device=props["name"].decode(), stamps={v[0]: v[1] for v in STAMPS.values()},
+                           rows=results), f, separators=(",", ":"))
 
 
 if __name__ == "__main__":
