@@ -1,7 +1,8 @@
 """Where a small-batch `exact` call spends its time: verify.cu with a %globaltimer stamp (thread 0 of
 each block) at each step of its chain (STAMPS), read back after every call; per stamp the first, median
-and last block's time after the first block started (µs, medians over calls), beside the CUDA-event
-times of the plain and the instrumented kernel (bench verify's harness).
+and last block's time after the first block started (µs, medians over calls), beside the instrumented
+kernel's CUDA-event time in bench verify's harness (the plain kernel's: verify_rows_read.py's exact rows,
+which benchmarks/gpu_verify.sh measures in the same call).
 
 The instrumented text is verify.cu's (kernel_runtime.kernel_source) with stamps inserted at anchors,
 each checked (a missing one stops the probe); only this process compiles it.
@@ -62,9 +63,9 @@ def instrument(src):
 
 
 def install(cp):
-    """Compile verify.cu through instrument() in this process; returns the list its modules land in."""
+    """Compile verify.cu through instrument() in this process (before its first verify() call: plans keep
+    their kernel); returns the list its modules land in."""
     from specsample_cupy.runtime import kernel_runtime
-    from specsample_cupy.verification import kernel_launch
     original, modules, cache = kernel_runtime.functions, [], {}
 
     def functions(source_name, names, *, lineinfo=False):
@@ -78,7 +79,6 @@ def install(cp):
         return cache[names]
 
     kernel_runtime.functions = functions
-    kernel_launch._plans._unpinned.clear()   # plans hold their kernel: made again, instrumented
     return modules
 
 
@@ -115,11 +115,9 @@ def main():
     from specsample_cupy.bench import verify as bv
     points = [(int(b), int(v), d) for d in args.dtype.split(",") for b in args.batch.split(",")
               for v in args.vocab.split(",")]
-    rings = {p: bv.make_inputs(cp, p[0], 5, p[1], p[2]) for p in points}
-    plain = {p: bv.time_method(cp, "exact", rings[p], 30)[0] * 1e6 for p in points}
     modules, results = install(cp), []
     for B, V, dtype in points:
-        ring = rings[(B, V, dtype)]
+        ring = bv.make_inputs(cp, B, 5, V, dtype)
         bv.call_verify("exact", ring.next(), seed=0).accepted.get()
         tl = cp.ndarray((MAX_BLOCKS * SLOTS,), cp.uint64, modules[-1].get_global("ss_tl"))
         calls, multi = [], []
@@ -129,13 +127,12 @@ def main():
             stamps, m = stamps_of(tl.get())
             calls.append(stamps)
             multi.append(m)
-        row = dict(B=B, V=V, dtype=dtype, plain_us=round(plain[(B, V, dtype)], 2),
-                   instrumented_us=round(bv.time_method(cp, "exact", ring, 30)[0] * 1e6, 2), stamps=summary(calls),
+        events_us = bv.time_method(cp, "exact", ring, 30)[0] * 1e6
+        row = dict(B=B, V=V, dtype=dtype, instrumented_us=round(events_us, 2), stamps=summary(calls),
                    multi_item_blocks=max(multi))
         results.append(row)
-        print(f"\nexact B={B} V={V} {dtype}: plain {row['plain_us']:.2f} µs, instrumented {row['instrumented_us']:.2f}"
-              f" µs (events); stamps: µs after the first block started, medians over {args.calls} calls"
-              f" (blocks with several items: {row['multi_item_blocks']})")
+        print(f"\nexact B={B} V={V} {dtype}: instrumented {events_us:.2f} µs (events); stamps: µs after the"
+              f" first block started, medians over {args.calls} calls (blocks with several items: {max(multi)})")
         for name, s in row["stamps"].items():
             print(f"{name:<18} {s['first']:>7.2f} {s['median']:>7.2f} {s['last']:>7.2f} {s['blocks']:>6}")
     if args.json:
