@@ -7,10 +7,12 @@ the items fill 1.33 waves). A memory-bound pass loses little
 to a partial last wave (fewer blocks then get more bandwidth each); a pass bound by each block's own
 speed (min-p's candidate lists) may lose up to a third. This prints, per dtype and p1_sweeps, the
 slices per row, the waves and the median device µs (CUDA events, inputs rotated past L2), plain
-exact next to min-p.
+exact next to min-p. --p2 also varies the P2 slicing (PlanOptions.p2_sweeps: sweeps per slice of the
+emitted row, so how many blocks share its race; 0: the default), which at B = 1 decides how long the
+race after the decision takes.
 
     python3 benchmarks/plan_sweep.py [--batch 64] [--vocab 151936] [--gamma 5] [--slices 0,2,3,4,6]
-                                     [--reps 30]
+                                     [--p2 0] [--methods exact,min_p] [--dtypes float32,float16] [--reps 30]
 """
 import argparse
 
@@ -35,26 +37,32 @@ def main():
     ap.add_argument("--gamma", type=int, default=5)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--slices", default="0,2,3,4,6", help="P1 slices per row to ask for (0: the default plan)")
+    ap.add_argument("--p2", default="0", help="sweeps per P2 slice to ask for (0: the default plan)")
+    ap.add_argument("--methods", default="exact,min_p")
+    ap.add_argument("--dtypes", default="float32,float16")
     args = ap.parse_args()
     import cupy as cp
     B, G, V = args.batch, args.gamma, args.vocab
-    print("| dtype | p1_sweeps | method | slices per row | P1 items | waves | device µs |")
-    print("|---|---|---|---|---|---|---|")
-    for dtype in ("float32", "float16"):
+    methods = args.methods.split(",")
+    print("| dtype | p1_sweeps | p2_sweeps | method | slices per row | P1 items | waves | P2 slices | device µs |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for dtype in args.dtypes.split(","):
         inputs = make_inputs(cp, B, G, V, dtype)
         tokens, draft, target = inputs.next()
         min_p = build_warps(cp, B, V, 1.0, min_p=0.05)
         per_row = -(-V // (kernels.THREADS * kernels.vec_width(dtype, V, draft, target)[1]))   # sweeps in a row
-        for slices in (int(x) for x in args.slices.split(",")):
-            sweeps = "auto" if slices == 0 else -(-per_row // slices)
-            plan = None if slices == 0 else kernels.PlanOptions(p1_sweeps=sweeps)
+        for slices, p2 in ((int(s), int(p)) for s in args.slices.split(",") for p in args.p2.split(",")):
+            sweeps = None if slices == 0 else -(-per_row // slices)
+            plan = kernels.PlanOptions(p1_sweeps=sweeps, p2_sweeps=p2 or None)
             for name, mode, kw in (("exact", kernels.MODE_LOGITS, {}),
                                    ("min_p 0.05", kernels.MODE_MIN_P, {"warps": min_p})):
+                if name.split()[0] not in methods:
+                    continue
                 info = kernels.plan_info(tokens, draft, target, dtype_name=dtype, mode=mode, options=plan)
                 items = B * (2 * G + 1) * info["S1"]
                 seconds = time_calls(cp, inputs, args.reps, plan=plan, **kw)
-                print(f"| {dtype} | {sweeps} | {name} | {info['S1']} | {items} | {items / info['capacity']:.2f} | "
-                      f"{seconds * 1e6:.1f} |", flush=True)
+                print(f"| {dtype} | {sweeps or 'auto'} | {p2 or 'auto'} | {name} | {info['S1']} | {items} | "
+                      f"{items / info['capacity']:.2f} | {info['S2']} | {seconds * 1e6:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

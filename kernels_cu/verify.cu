@@ -7,14 +7,16 @@
 // ordered request by request:
 //   P1(b, row, slice)  one block reduces a vocabulary slice of one active row of request b, read
 //                      once with 16-byte loads: NaN/+Inf (probabilities: also negative) checks,
-//                      flagged per row, and the row statistics: online softmax (max, sum exp;
+//                      whose bits go in the slice's partial, and the row statistics: online softmax (max, sum exp;
 //                      greedy rows: max and first argmax), for probabilities the sum of the valid
 //                      entries (greedy rows: also the first argmax). Rows are the gamma+1 target
 //                      rows then the gamma draft rows. It publishes its partial and bumps the
 //                      request's counter (inactive rows only bump it). The sigmoid methods have no
-//                      P1 items: their acceptance needs two token logits per position.
+//                      P1 items: their acceptance needs two token logits per position; and no
+//                      ticket: none of their items waits for another, so each block strides over them.
 //   P2(b, slice)       exact / probs / greedy: waits until every P1 item of request b is counted,
-//                      combines the rows' partials (one warp per row, into shared memory). Then
+//                      combines the rows' partials, checks included (one warp per row, into shared
+//                      memory, so the decisions below read no other global memory). Then
 //                      warp 0 (one lane per draft position, ballot) finds the position n where
 //                      verification stops: the first rejection, or the first position whose data
 //                      is invalid (first_rejection(): only the rows a decision reads are
@@ -85,6 +87,11 @@
 // Loads in flight per thread in such a slice (float32: one fewer, for the registers).
 #define SS_AHEAD 4
 
+// Ints per P1 partial: the slice's statistics (m, s, arg) and its value-error bits (exact, probabilities,
+// greedy; the truncated modes flag err [B]), one 16-byte word, so P2 combines a row's statistics and
+// its checks in the same loads.
+#define SS_PART 4
+
 // Per P2 slice: the race's two winners (key, index), the paper residual's partial sum, and the
 // sigmoid methods' row masses (bit 0: the target row n has an entry > -inf, bit 1: the draft row).
 #define SS_CAND 6
@@ -92,13 +99,16 @@
 #define SS_INF __int_as_float(0x7f800000)
 #define SS_LOG2E 1.4426950408889634f
 
-__device__ __forceinline__ SoftmaxStat load_stat(const int* p) {
-  SoftmaxStat s;
-  s.m = __int_as_float(__ldcg(p));
-  s.s = __int_as_float(__ldcg(p + 1));
-  s.arg = __ldcg(p + 2);
-  return s;
+__device__ __forceinline__ SoftmaxStat load_stat(const int* p, int& bits) {
+  const int4 w = __ldcg(reinterpret_cast<const int4*>(p));
+  bits = w.w;
+  return SoftmaxStat{__int_as_float(w.x), __int_as_float(w.y), w.z};
 }
+// A P1 partial: statistics and bits in one 16-byte store.
+__device__ __forceinline__ void store_part(int* p, SoftmaxStat s, int bits) {
+  *reinterpret_cast<int4*>(p) = make_int4(__float_as_int(s.m), __float_as_int(s.s), s.arg, bits);
+}
+// Statistics alone (min-p's partials: no bits; three stores hold fewer registers than a vector one).
 __device__ __forceinline__ void store_stat(int* p, SoftmaxStat s) {
   p[0] = __float_as_int(s.m);
   p[1] = __float_as_int(s.s);
@@ -167,7 +177,6 @@ struct Verifier {
   unsigned race_purpose;
   int B, G, V, S1, C1, S2, C2, R;
   int *req_ctr, *fin_ctr, *err, *part, *cand;
-  int* err_row;       // [B * R] P1's value-error bits per row (the truncated modes use err [B])
   // The walk order (exact, probabilities, greedy, when the plan asks; see the header): per request
   // the stop (n + 1; 0: none yet), and per position the arrivals of its rows' slices plus the
   // previous position's decision to go on.
@@ -175,6 +184,8 @@ struct Verifier {
   int *stop_n, *pos_cnt;
   __device__ __forceinline__ bool walking() const { return (MODE == SS_MODE_LOGITS || MODE == SS_MODE_PROBS) && walk; }
   SoftmaxStat* rows;  // shared: the combined statistics of every row of the current P2 request
+  // Shared, after `rows`: their value-error bits (from the partials; exact, probabilities, greedy).
+  __device__ __forceinline__ int* row_bits_sh() const { return reinterpret_cast<int*>(rows + R); }
   const float* record;  // SS_MODE_WARPED: warp_rows_kernel's record of every row (warp_record.cuh)
   const float* span;    // SS_MODE_MIN_P: [B] min-p spans (raw logit units, temperature included)
   unsigned* row_key;    // SS_MODE_MIN_P: [B * R] the row's maximum so far (float_key)
@@ -360,18 +371,18 @@ struct Verifier {
                                                int* sh) const {
     const long long row_id = (long long)b * R + r;
     if (S1 == 1) {
-      if (threadIdx.x == 0) store_stat(part + row_id * 3, SoftmaxStat{M * rq.inv_t, k, __float_as_int(M)});
+      if (threadIdx.x == 0) store_stat(part + row_id * SS_PART, SoftmaxStat{M * rq.inv_t, k, __float_as_int(M)});
       return;
     }
     if (threadIdx.x == 0) {
-      int* p = part + (row_id * S1 + (lo / C1)) * 3;
+      int* p = part + (row_id * S1 + (lo / C1)) * SS_PART;
       p[0] = __float_as_int(M); p[1] = __float_as_int(k); p[2] = __float_as_int(ms);
       sh[1] = publish_add(row_cnt + row_id, 1) == 2 * S1 - 1;   // the row's last slice to finish?
     }
     __syncthreads();
     if (sh[1] && threadIdx.x < 32) {
       const SoftmaxStat st = combine_kept(b, r, rq, threadIdx.x);
-      if (threadIdx.x == 0) store_stat(part + row_id * S1 * 3, st);
+      if (threadIdx.x == 0) store_stat(part + row_id * S1 * SS_PART, st);
     }
   }
 
@@ -519,11 +530,14 @@ struct Verifier {
       } else {
         scan_slice<SCAN_STATS>(row, lo, hi, rq.inv_t, st, bad);
       }
-      // Per row (the truncated modes: per request, as warp_rows.cu does: they validate every row).
-      flag_bad(bad, is_truncated(MODE) ? err + b : err_row + (long long)b * R + r, is_target ? SS_ERR_TARGET : SS_ERR_DRAFT);
+      // Per row, in the slice's partial beside its statistics (the truncated modes: per request, as
+      // warp_rows.cu does: they validate every row).
+      const int code = is_target ? SS_ERR_TARGET : SS_ERR_DRAFT;
+      if constexpr (is_truncated(MODE)) flag_bad(bad, err + b, code);
       if (MODE != SS_MODE_MIN_P || rq.greedy) {
+        const int bits = !is_truncated(MODE) && __syncthreads_or(bad) ? code : 0;
         st = block_reduce(st, Combine(), red);
-        if (threadIdx.x == 0) store_stat(part + ((long long)(b * R + r) * S1 + s) * 3, st);
+        if (threadIdx.x == 0) store_part(part + ((long long)(b * R + r) * S1 + s) * SS_PART, st, bits);
       }
       if (walking()) arrive_at_position(b, i, rq, sh);
     }
@@ -568,7 +582,7 @@ struct Verifier {
         bool next = false;
         if (p < rq.L) {
           const Gathered g = gather(b, p, rq);
-          if (!g.in_range || position_bits(b, rq, p) != 0 || !accepts(b, p, g, rq)) {
+          if (!g.in_range || position_bits(rq, p) != 0 || !accepts(b, p, g, rq)) {
             stop_n[b] = p + 1;
             __threadfence();
           } else {
@@ -614,9 +628,9 @@ struct Verifier {
   // lies beyond the span below M contributes nothing; any other (it stopped waiting for its row
   // early) is re-read here by the whole warp. st.arg carries M raw, for the kept tests.
   __device__ __forceinline__ SoftmaxStat combine_kept(int b, int r, const Request& rq, int lane) const {
-    const int* rp = part + (long long)(b * R + r) * S1 * 3;
+    const int* rp = part + (long long)(b * R + r) * S1 * SS_PART;
     float M = -SS_INF;
-    for (int k = lane; k < S1; k += 32) M = fmaxf(M, __int_as_float(__ldcg(rp + 3 * k)));
+    for (int k = lane; k < S1; k += 32) M = fmaxf(M, __int_as_float(__ldcg(rp + SS_PART * k)));
     M = warp_reduce(M, MaxFloat());
     const float sp = __ldg(span + b);
     const float c = rq.inv_t * SS_LOG2E, mc = M * c;
@@ -626,8 +640,8 @@ struct Verifier {
       const int k = k0 + lane;
       bool again = false;
       if (k < S1) {
-        const float used = __int_as_float(__ldcg(rp + 3 * k)), ms = __int_as_float(__ldcg(rp + 3 * k + 2));
-        if (used == M) sum += __int_as_float(__ldcg(rp + 3 * k + 1));
+        const float used = __int_as_float(__ldcg(rp + SS_PART * k)), ms = __int_as_float(__ldcg(rp + SS_PART * k + 2));
+        if (used == M) sum += __int_as_float(__ldcg(rp + SS_PART * k + 1));
         else again = !(M - ms > sp);
       }
       for (unsigned m = __ballot_sync(0xffffffffu, again); m; m &= m - 1) {
@@ -661,9 +675,12 @@ struct Verifier {
         st.s = __ldcg(rec + SS_REC_S);
         st.arg = __float_as_int(__ldcg(rec + SS_REC_ARG));
       } else if (MODE == SS_MODE_MIN_P && !rq.greedy) {
-        if (lane == 0) st = load_stat(part + (long long)(b * R + r) * S1 * 3);   // combine_kept's, by P1
+        int unused;
+        if (lane == 0) st = load_stat(part + (long long)(b * R + r) * S1 * SS_PART, unused);   // combine_kept's, by P1
       } else {
-        st = slices_stat(b, r, lane);
+        int bits;
+        st = slices_stat(b, r, lane, bits);
+        if (lane == 0) row_bits_sh()[r] = bits;
       }
       if (lane == 0) {
         rows[r] = st;
@@ -672,17 +689,24 @@ struct Verifier {
     }
   }
 
-  // One warp: row r's statistics from its P1 slices' partials (every lane gets them).
-  __device__ __forceinline__ SoftmaxStat slices_stat(int b, int r, int lane) const {
+  // One warp: row r's statistics and value-error bits from its P1 slices' partials (every lane gets them).
+  __device__ __forceinline__ SoftmaxStat slices_stat(int b, int r, int lane, int& bits) const {
     SoftmaxStat st = {-SS_INF, 0.f, 0x7fffffff};
-    const int* rp = part + (long long)(b * R + r) * S1 * 3;
-    for (int k = lane; k < S1; k += 32) st = Combine()(st, load_stat(rp + 3 * k));
+    bits = 0;
+    const int* rp = part + (long long)(b * R + r) * S1 * SS_PART;
+    for (int k = lane; k < S1; k += 32) {
+      int kb;
+      st = Combine()(st, load_stat(rp + SS_PART * k, kb));
+      bits |= kb;
+    }
+    bits = __reduce_or_sync(0xffffffffu, bits);
     return warp_reduce(st, Combine());
   }
-  // One warp: row r's statistics into shared memory (the walk order's rows at one position).
+  // One warp: row r's statistics and bits into shared memory (the walk order's rows at one position).
   __device__ __forceinline__ void combine_row(int b, int r, int lane) const {
-    const SoftmaxStat st = slices_stat(b, r, lane);
-    if (lane == 0) rows[r] = st;
+    int bits;
+    const SoftmaxStat st = slices_stat(b, r, lane, bits);
+    if (lane == 0) { rows[r] = st; row_bits_sh()[r] = bits; }
   }
 
   // Waits for request b's P1 items and combines its rows; sh[4] = no mass. Every thread calls it.
@@ -730,8 +754,10 @@ struct Verifier {
 
   __device__ __forceinline__ Gathered gather(int b, int i, const Request& rq) const {
     Gathered g = {0, 0.f, 0.f, 0.f, 0.f, 0.f, false};
+    // The id is loaded before the request's length is known (every id of the first G is in memory),
+    // so the two loads overlap: for the sigmoid methods this is the chain to the decision.
+    const long long x = i < G ? (long long)draft_tokens[(long long)b * G + i] : -1;
     if (i < rq.L) {
-      const long long x = (long long)draft_tokens[(long long)b * G + i];
       g.in_range = x >= 0 && x < V;
       if (g.in_range) {
         g.x = (int)x;
@@ -765,16 +791,16 @@ struct Verifier {
     }
   }
 
-  // The value and no-mass codes of row r of request b (exact, probabilities, greedy; after
-  // gather_rows): P1's flags and the combined statistics.
-  __device__ __forceinline__ int row_bits(int b, int r) const {
+  // The value and no-mass codes of row r (exact, probabilities, greedy; after the row is combined
+  // into shared memory): P1's flags and the combined statistics.
+  __device__ __forceinline__ int row_bits(int r) const {
     const SoftmaxStat st = rows[r];
     const bool no_mass = MODE == SS_MODE_PROBS ? !(st.s > 0.f) : st.m == -SS_INF;
-    return __ldcg(err_row + (long long)b * R + r) | (no_mass ? SS_ERR_NO_MASS : 0);
+    return row_bits_sh()[r] | (no_mass ? SS_ERR_NO_MASS : 0);
   }
   // The codes of the rows at position i: target row i, and draft row i where it is read.
-  __device__ __forceinline__ int position_bits(int b, const Request& rq, int i) const {
-    return row_bits(b, i) | (row_active(rq, false, i) ? row_bits(b, G + 1 + i) : 0);
+  __device__ __forceinline__ int position_bits(const Request& rq, int i) const {
+    return row_bits(i) | (row_active(rq, false, i) ? row_bits(G + 1 + i) : 0);
   }
 
   // Warp 0: the position n where verification stops (or L) and request-level errors. It stops at
@@ -799,7 +825,7 @@ struct Verifier {
           if (!g.in_range) { errs |= SS_ERR_TOKEN; stop = true; }
           else if constexpr (is_sigmoid(MODE)) stop = !(g.zr < SS_INF) || !(g.yr < SS_INF) || !accepts(b, i, g, rq);
           else if constexpr (is_truncated(MODE)) stop = !accepts(b, i, g, rq);
-          else stop = position_bits(b, rq, i) != 0 || !accepts(b, i, g, rq);
+          else stop = position_bits(rq, i) != 0 || !accepts(b, i, g, rq);
         } else {
           const long long x = (long long)draft_tokens[(long long)b * G + i];
           if (x < 0 || x >= V) errs |= SS_ERR_TOKEN;
@@ -829,7 +855,7 @@ struct Verifier {
     const bool bonus = n >= rq.L;
     int errs = sh[1];
     if constexpr (is_truncated(MODE)) errs |= __ldcg(err + b) | (sh[4] ? SS_ERR_NO_MASS : 0);
-    else if constexpr (!is_sigmoid(MODE)) errs |= position_bits(b, rq, n);
+    else if constexpr (!is_sigmoid(MODE)) errs |= position_bits(rq, n);
 
     // Keys start below every key (SIGMOID's bonus race keys are logarithms, negative too).
     RaceBest res = {-SS_INF, 0x7fffffff}, pb = {-SS_INF, 0x7fffffff};
@@ -987,11 +1013,8 @@ struct Verifier {
     if (walking()) {
       for (int i = threadIdx.x; i <= G; i += SS_THREADS) pos_cnt[(long long)b * (G + 1) + i] = 0;
     }
-    if constexpr (!is_sigmoid(MODE)) {   // every P1 item of b is done with them (they counted in)
-      for (int r = threadIdx.x; r < R; r += SS_THREADS) {
-        err_row[(long long)b * R + r] = 0;
-        if constexpr (MODE == SS_MODE_MIN_P) { row_key[(long long)b * R + r] = 0u; row_cnt[(long long)b * R + r] = 0; }
-      }
+    if constexpr (MODE == SS_MODE_MIN_P) {   // every P1 item of b is done with them (they counted in)
+      for (int r = threadIdx.x; r < R; r += SS_THREADS) { row_key[(long long)b * R + r] = 0u; row_cnt[(long long)b * R + r] = 0; }
     }
     __syncthreads();
     for (int i = threadIdx.x; i <= G; i += SS_THREADS) {
@@ -1033,18 +1056,17 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
   v.R = 2 * G + 1;
   const int R = v.R;
   v.req_ctr = ws; v.fin_ctr = ws + B; v.err = ws + 2 * B;
-  v.err_row = ws + 3 * B + 1;
-  v.part = ws + part_off; v.cand = ws + cand_off;
+  v.part = ws + part_off; v.cand = ws + cand_off;   // part_off: a multiple of SS_PART (16-byte words)
   v.rows = reinterpret_cast<SoftmaxStat*>(dynamic_smem);
-  v.lists = reinterpret_cast<float*>(dynamic_smem + ((3 * (2 * G + 1) + 3) & ~3));   // after the rows, 16-byte aligned
+  v.lists = reinterpret_cast<float*>(dynamic_smem + ((4 * R + 3) & ~3));   // after the rows, 16-byte aligned
   v.record = record;
-  // SS_MODE_MIN_P: `record` is the [B] spans; the per-row counters follow the per-row error bits.
+  // SS_MODE_MIN_P: `record` is the [B] spans; the per-row counters follow the ticket.
   v.span = record;
-  v.row_key = reinterpret_cast<unsigned*>(ws + 3 * B + 1 + B * R);
-  v.row_cnt = ws + 3 * B + 1 + 2 * B * R;
+  v.row_key = reinterpret_cast<unsigned*>(ws + 3 * B + 1);
+  v.row_cnt = ws + 3 * B + 1 + B * R;
   v.row_wait = (int)gridDim.x >= S1;
-  v.walk = walk != 0;   // the walk order's counters follow the per-row error bits (no min-p ones)
-  v.stop_n = ws + 3 * B + 1 + B * R;
+  v.walk = walk != 0;   // the walk order's counters follow the ticket (no min-p ones)
+  v.stop_n = ws + 3 * B + 1;
   v.pos_cnt = v.stop_n + B;
   v.accepted = out; v.emitted = out + B; v.error = out + 2 * B; v.tokens = out + 3 * B;
   unsigned* ticket = reinterpret_cast<unsigned*>(ws + 3 * B);
@@ -1054,6 +1076,15 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
   // position G: target rows only), then every request's P2 items; a P1 item skips its row when its
   // request is known to have stopped before it.
   const long long p1 = (long long)B * R * S1, total = p1 + (long long)B * S2;
+  // The sigmoid methods: P2 items only, none waits for another, so no ticket: any assignment makes
+  // progress, and each block strides over the items (one fewer atomic round trip before the gather).
+  if constexpr (is_sigmoid(MODE)) {
+    for (long long item = blockIdx.x; item < total; item += gridDim.x) {
+      v.phase2((int)(item / S2), (int)(item % S2), red_race, sh);
+      __syncthreads();  // shared flags are reused by the next item
+    }
+    return;
+  }
   if (v.walking()) {
     const long long per_pos = 2LL * B * S1;
     for (;;) {

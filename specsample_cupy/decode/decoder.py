@@ -398,4 +398,4 @@ class SpeculativeDecoder:
         to prefill (rows that start over while the others keep their caches); default all."""
         for columns in req.prefill_chunks(runs[0][1].n_real, self.prefill_chunk, only):
             for session, cache in runs:
-                session.forward(cache, *columns)
+                session.forward(cache, *columns, prefill=True)

@@ -368,7 +368,7 @@ class DeviceRounds:
         for ids, new_mask, positions in req.prefill_chunks(np.zeros(self.B, np.int64), self.dec.prefill_chunk, only):
             self._compact_full_caches(new_mask.shape[1])
             for session, cache, role in runs:
-                session.forward(cache, ids, new_mask, positions, device_mask=self.masks[role])
+                session.forward(cache, ids, new_mask, positions, device_mask=self.masks[role], prefill=True)
 
     def _can_run_ahead(self, r: int) -> bool:
         """Whether round r + 1 is needed whatever round r (in flight) emits, bar an EOS: some unfinished

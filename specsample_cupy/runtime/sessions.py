@@ -163,7 +163,7 @@ class DecoderSession:
         self._binding.bind_output(name, self.device, self.device_id, array.dtype.type, array.shape, buffer_ptr(array))
 
     def forward(self, cache: KVCache, input_ids: np.ndarray, new_mask: np.ndarray, positions: np.ndarray,
-                device_ids=None):
+                device_ids=None, prefill: bool = False):
         """Run S new columns through the model and append their keys/values to the cache.
 
         input_ids: [B, S] host ints; device_ids: optional [B, k] ints of the session's array module
@@ -171,6 +171,8 @@ class DecoderSession:
         new_mask: [B, S] host bool/int, 1 where the column is a real token of that row, 0 for a hole
             (padding, a finished request, a position past a request's draft length).
         positions: [B, S] host ints, each real token's index in its sequence (holes: anything in range).
+        prefill: a prefill run, whose logits the caller does not read (sessions with fixed bindings
+            then write them to a buffer that every prefill run shares; here the same buffer as any run).
         Returns logits [B, S, V] of the session's array module, a view of a buffer the next forward()
         overwrites.
         """

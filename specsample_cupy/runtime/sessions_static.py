@@ -16,6 +16,10 @@ position_ids input), so where a column sits in the cache does not change the res
 One binding, and one captured graph, per step count S <= MAX_GRAPH_STEPS: 1 for the draft's steps,
 gamma + 1 for the target's. The int64 feeds go from a pinned host ring to the device in one
 asynchronous copy per run. Longer runs (prefill chunks) are bound afresh and not captured.
+Prefill runs (forward(prefill=True): every prompt but its last token, whose logits nobody reads) keep
+a binding and graph per S too, but all write their logits to one [B, MAX_GRAPH_STEPS, V] buffer of the
+plan: a binding of its own per S would keep up to 528 B V logits for a plan that has prefilled every
+short length (20 GB of float32 at B = 64, V = 151936, as continuous batching's newcomers can).
 ONNX Runtime keeps every captured graph for the session's lifetime, so buffers are planned per
 (batch, capacity rounded up to CAPACITY_ROUND) and reused by later generate() calls of that size.
 
@@ -141,13 +145,15 @@ class StaticKVCache(KVCache):
 class _Step:
     """Buffers and IOBinding of runs with S new columns, bound once; graph_id -1 means not captured."""
 
-    def __init__(self, session: "StaticDecoderSession", plan: "_Plan", steps: int, graph_id: int, scratch):
+    def __init__(self, session: "StaticDecoderSession", plan: "_Plan", steps: int, graph_id: int, scratch,
+                 logits=None):
         import cupy
         B, C, S = plan.batch, plan.capacity, steps
         self.steps, self.graph_id = S, graph_id
         self.feed = cupy.empty(2 * B * S + B * (C + S), cupy.int64)   # ids | positions | mask
         self.ids = self.feed[:B * S].reshape(B, S)
-        self.logits = cupy.empty((B, S, session.vocab_size), session.logits_dtype)
+        # Its own [B, S, V], or a view of a buffer it shares (prefill runs)
+        self.logits = cupy.empty((B, S, session.vocab_size), session.logits_dtype) if logits is None else logits
         n, H, D = len(session.cache_names), session.n_kv_heads, session.head_dim
         past = plan.cache.reshape(n, B, H, C, D)
         # The present outputs packed back to back: [n * B * H, C + S, D] rows for the commit copy; or
@@ -187,7 +193,18 @@ class _Plan:
             scratch = 0 if session.shared_buffer else n * batch * H * (capacity + MAX_GRAPH_STEPS) * D
             self.scratch = cupy.empty(scratch, session.kv_dtype)
         self.ring = PinnedRing(RING_SLOTS)   # the runs' feeds, copied from page-locked memory
-        self.steps: dict[int, _Step] = {}
+        self.steps: dict[int, _Step] = {}            # the loop's runs, each with its own logits
+        self.prefill_steps: dict[int, _Step] = {}    # prefill runs, all writing prefill_logits
+        self.prefill_logits = None                   # [B * MAX_GRAPH_STEPS * V], at the first prefill run
+
+    def prefill_logits_view(self, session: "StaticDecoderSession", steps: int):
+        """[B, steps, V] at the start of the plan's one prefill logits buffer (made at first use)."""
+        import cupy
+        B, V = self.batch, session.vocab_size
+        if self.prefill_logits is None:
+            with session.on_stream():
+                self.prefill_logits = cupy.empty(B * MAX_GRAPH_STEPS * V, session.logits_dtype)
+        return self.prefill_logits[:B * steps * V].reshape(B, steps, V)
 
 
 class StaticDecoderSession(DecoderSession):
@@ -232,13 +249,15 @@ class StaticDecoderSession(DecoderSession):
         self._plan = plan
         return StaticKVCache(self, plan)
 
-    def _step(self, steps: int) -> _Step:
+    def _step(self, steps: int, prefill: bool = False) -> _Step:
         plan = self._plan
-        step = plan.steps.get(steps)
+        kept = plan.prefill_steps if prefill else plan.steps
+        step = kept.get(steps)
         if step is None:
             if steps <= MAX_GRAPH_STEPS:   # kept, with its binding; a graph when capturing
                 graph_id = next(self._graph_ids) if self.capture else -1
-                step = plan.steps[steps] = _Step(self, plan, steps, graph_id, plan.scratch)
+                logits = plan.prefill_logits_view(self, steps) if prefill else None
+                step = kept[steps] = _Step(self, plan, steps, graph_id, plan.scratch, logits)
             else:   # a prefill chunk: its own scratch, not captured, not kept
                 import cupy
                 n, H, D = len(self.cache_names), self.n_kv_heads, self.head_dim
@@ -247,17 +266,18 @@ class StaticDecoderSession(DecoderSession):
         return step
 
     def forward(self, cache: StaticKVCache, input_ids: np.ndarray, new_mask: np.ndarray, positions: np.ndarray,
-                device_ids=None, device_mask=None):
+                device_ids=None, device_mask=None, prefill: bool = False):
         """As DecoderSession.forward (same arguments and result). device_mask: None, or the cache's slot
         mask [B, C] on the device (the device loop's, which the host's cache.mask does not follow):
         the run's attention mask is read from it and its new columns are recorded in it; the caller
-        makes room first (cache.make_room() would read the host's mask)."""
+        makes room first (cache.make_room() would read the host's mask). prefill: the run's logits go
+        to the plan's shared prefill buffer (the next prefill run overwrites them)."""
         import cupy
         batch, S = new_mask.shape
         if device_mask is None:
             cache.make_room(S)
         C, length = cache.capacity, cache.length
-        step = self._step(S)
+        step = self._step(S, prefill)
         plan, stream = self._plan, self.stream
         n_feed = step.feed.size
         limit = (self.spec.context_length or np.iinfo(np.int64).max) - 1

@@ -246,7 +246,7 @@ class WhisperDecoderSession:
         zeros = self.xp.zeros((batch, m.n_heads, 1, m.head_dim), m.kv_dtype)
         return [zeros] * 4
 
-    def forward(self, cache: WhisperCache, input_ids, new_mask, positions, device_ids=None):
+    def forward(self, cache: WhisperCache, input_ids, new_mask, positions, device_ids=None, prefill=False):
         xp, m = self.xp, self.model
         new_mask = np.asarray(new_mask, bool)
         if not new_mask.all():

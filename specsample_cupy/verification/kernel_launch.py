@@ -30,6 +30,7 @@ MODE_LOGITS, MODE_PROBS, MODE_SIGMOID, MODE_SIGMOID_PAPER = 0, 1, 2, 3
 MODE_WARPED = 4     # logits truncated by top-k / top-p / min-p (row statistics from warp_rows.cu)
 MODE_MIN_P = 5      # logits truncated by min-p alone (row statistics fused into verify.cu's P1)
 CAND_INTS = 6       # verify.cu's SS_CAND: ints per P2 slice's race candidates
+PART_INTS = 4       # verify.cu's SS_PART: ints per P1 slice's partial (statistics and value-error bits)
 MIN_P_LIST = 1024   # verify.cu's SS_LIST: candidates per warp of a min-p slice of several load groups
 THREADS = 256
 _TOKEN_TYPE = {"int32": "int", "int64": "long long"}
@@ -173,9 +174,9 @@ class _Plan:
         name = name_expression(tag, token, vec, mode)
         self.kern = _kernel(name, opts.lineinfo)
         R = 2 * G + 1                 # rows per request: gamma + 1 target rows, gamma draft rows
-        # Dynamic: the combined statistics of one request's rows; min-p: then (16-byte aligned) 8 warps'
-        # candidate lists of MIN_P_LIST floats (verify.cu's SS_LIST).
-        self.shared_bytes = R * 12 if mode != MODE_MIN_P else (3 * R + 3) // 4 * 16 + 8 * MIN_P_LIST * 4
+        # Dynamic: the combined statistics (3 ints) and value-error bits (1 int) of one request's rows;
+        # min-p: then 8 warps' candidate lists of MIN_P_LIST floats (verify.cu's SS_LIST).
+        self.shared_bytes = R * 16 + (8 * MIN_P_LIST * 4 if mode == MODE_MIN_P else 0)
         capacity = _resident_blocks(device_id, name, opts.lineinfo, self.shared_bytes)
         sweep = THREADS * vec
         sweeps = -(-V // sweep)
@@ -205,10 +206,12 @@ class _Plan:
         lag = max(1, math.ceil(opts.lag_waves * auto_grid / per_request)) if opts.lag_waves > 0 else 0
         if items + grid >= 2 ** 31:
             raise ValueError(f"verify: {items} work items and {grid} blocks exceed the kernel's 31-bit ticket counter")
-        # [req B | fin B | err B | ticket | row errors B R | min-p: row max keys B R | row counts B R |
-        # walk: stops B | position counters B (G + 1)], partials
+        # [req B | fin B | err B | ticket | min-p: row max keys B R | row counts B R | walk: stops B |
+        # position counters B (G + 1)], then the partials (16-byte words of PART_INTS: the counters
+        # padded to a multiple of it)
         extra = 2 * B * R if mode == MODE_MIN_P else (B * (G + 2) if walk else 0)
-        counters, part = 3 * B + 1 + B * R + extra, B * R * S1 * 3
+        counters = -(-(3 * B + 1 + extra) // PART_INTS) * PART_INTS
+        part = B * R * S1 * PART_INTS
         self.workspace = cupy.zeros(counters + part + B * S2 * CAND_INTS, dtype=cupy.int32)
         self.err_ptr = self.workspace.data.ptr + 4 * 2 * B      # the per-request error bits
         self.record = cupy.empty(B * R * WARP_RECORD, cupy.float32) if mode == MODE_WARPED else None
