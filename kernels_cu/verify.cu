@@ -659,52 +659,10 @@ struct Verifier {
     return st;
   }
 
-  // After the wait: combine each active row's slice statistics into shared memory. Sets *no_mass
-  // when an active row has no probability mass (logits, sigmoid: no entry > -inf; probabilities:
-  // the valid entries sum to 0).
+  // After the wait: combine each active row's slice statistics into shared memory, one warp per
+  // row. Sets *no_mass when an active row has no probability mass (logits, sigmoid: no entry
+  // > -inf; probabilities: the valid entries sum to 0).
   __device__ __forceinline__ void combine_rows(int b, const Request& rq, int* no_mass) const {
-    if constexpr (MODE == SS_MODE_LOGITS || MODE == SS_MODE_PROBS) combine_rows_grouped(b, rq, no_mass);
-    else combine_rows_by_warp(b, rq, no_mass);
-  }
-
-  // Exact and probabilities: a group of `width` lanes per row, as narrow as lets the block take
-  // every row of the request in one pass (R <= 8: a warp each; <= 16: half-warps; else quarters),
-  // so all the rows' partial loads are in flight at once: one L2 round trip and one shuffle tree
-  // on the decision's path, where a warp per row took one per row it held (3 rows of 11 took two).
-  __device__ __forceinline__ void combine_rows_grouped(int b, const Request& rq, int* no_mass) const {
-    const int width = R <= SS_WARPS ? 32 : (R <= 2 * SS_WARPS ? 16 : 8);
-    const int groups = SS_THREADS / width, sub = threadIdx.x % width;
-    for (int r0 = 0; r0 < R; r0 += groups) {   // the same trip count in every thread: the shuffles
-      const int r = r0 + threadIdx.x / width;  // below are warp-wide
-      const bool is_target = r <= G;
-      const bool active = r < R && row_active(rq, is_target, is_target ? r : r - G - 1);
-      SoftmaxStat st = {-SS_INF, 0.f, 0x7fffffff};
-      int bits = 0;
-      if (active) {
-        const int* rp = part + (long long)(b * R + r) * S1 * SS_PART;
-#pragma unroll 4
-        for (int k = sub; k < S1; k += width) {
-          int kb;
-          st = Combine()(st, load_stat(rp + SS_PART * k, kb));
-          bits |= kb;
-        }
-      }
-      for (int o = width >> 1; o > 0; o >>= 1) {   // xor offsets below width stay in the group
-        const SoftmaxStat w = {__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o),
-                               __shfl_xor_sync(0xffffffffu, st.arg, o)};
-        st = Combine()(st, w);
-        bits |= __shfl_xor_sync(0xffffffffu, bits, o);
-      }
-      if (active && sub == 0) {
-        rows[r] = st;
-        row_bits_sh()[r] = bits;
-        if (MODE == SS_MODE_PROBS ? !(st.s > 0.f) : st.m == -SS_INF) *no_mass = 1;
-      }
-    }
-  }
-
-  // The other modes: one warp per row.
-  __device__ __forceinline__ void combine_rows_by_warp(int b, const Request& rq, int* no_mass) const {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int r = warp; r < R; r += SS_WARPS) {
       const bool is_target = r <= G;
