@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine (after its set-up), one call: verification's GPU tests, the rows-read table of this
-# tree against another revision's (alternated runs, combined) and exact's small-batch timeline.
+# tree against another revision's (alternated runs, combined).
 # Usage: bash benchmarks/gpu_verify.sh OUT_DIR OTHER_TREE [ROUNDS] [PYTEST_TARGETS|none]
 #   OTHER_TREE: that revision's specsample_cupy/ and kernels_cu/ (git archive REV, unpacked there)
 set -uo pipefail
@@ -22,4 +22,3 @@ for k in $(seq 1 "$rounds"); do
   done
 done
 python3 benchmarks/verify_rows_read.py --combine "$out/verify_rows_read.json" "$out"/rr_other*.json "$out"/rr_this*.json
-python3 benchmarks/probes/verify_timeline.py --json "$out/verify_timeline.json" 2>&1 | tail -60
