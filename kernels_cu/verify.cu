@@ -838,7 +838,7 @@ struct Verifier {
     if (lane == 0) { *s_n = n; *s_err = errs; }
   }
 
-  __device__ __forceinline__ void phase2(int b, int s, RaceSlice* red, int* sh) const {
+  __device__ __forceinline__ void phase2(int b, int s, RaceBest* red, int* sh) const {
     const Request rq = request(b);
     if (walking()) {
       walk_outcome(b, rq, sh + 0, sh + 1);
@@ -943,14 +943,15 @@ struct Verifier {
       flag_bad(bad_q, err + b, SS_ERR_DRAFT);
       checks = (__syncthreads_or(mass_p) ? 1 : 0) | (__syncthreads_or(mass_q) ? 2 : 0);
     }
-    const RacePair won = block_reduce(RacePair{res, pb}, BetterPair(), reinterpret_cast<RacePair*>(red));
+    res = block_reduce(res, BetterRace(), red);
+    pb = block_reduce(pb, BetterRace(), red);
     // The residual's sum is wanted at a rejection only (bonus and n are the same for the whole block).
     const bool paper_rejects = MODE == SS_MODE_SIGMOID_PAPER && !bonus;
     if (paper_rejects) rsum = block_reduce(rsum, AddFloat(), reinterpret_cast<float*>(red));
     if (threadIdx.x == 0) {
       int* c = cand + ((long long)b * S2 + s) * SS_CAND;
-      c[0] = __float_as_int(won.res.key); c[1] = won.res.idx;
-      c[2] = __float_as_int(won.pb.key); c[3] = won.pb.idx;
+      c[0] = __float_as_int(res.key); c[1] = res.idx;
+      c[2] = __float_as_int(pb.key); c[3] = pb.idx;
       if (paper_rejects) c[4] = __float_as_int(rsum);
       if (is_sigmoid(MODE)) c[5] = checks;
       sh[2] = publish_add(fin_ctr + b, 1) == S2 - 1;
@@ -962,26 +963,30 @@ struct Verifier {
 
   // Last P2 block of request b: reduce the slices' winners and write the outputs. errs: the codes
   // known before the race (the sigmoid methods add their row checks, made in the race's pass).
-  __device__ __forceinline__ void finish(int b, const Request& rq, int n, int errs, bool read_q, RaceSlice* red,
+  __device__ __forceinline__ void finish(int b, const Request& rq, int n, int errs, bool read_q, RaceBest* red,
                                          int* sh) const {
-    RaceSlice acc = {{{-SS_INF, 0x7fffffff}, {-SS_INF, 0x7fffffff}}, 0.f, 0};
+    RaceBest res = {-SS_INF, 0x7fffffff}, pb = {-SS_INF, 0x7fffffff};
+    float rsum = 0.f;
+    int checks = 0;
     const bool paper_rejects = MODE == SS_MODE_SIGMOID_PAPER && n < rq.L;
     for (int k = threadIdx.x; k < S2; k += SS_THREADS) {
       const int* c = cand + ((long long)b * S2 + k) * SS_CAND;
-      acc.won.res = better(acc.won.res, RaceBest{__int_as_float(__ldcg(c)), __ldcg(c + 1)});
-      acc.won.pb = better(acc.won.pb, RaceBest{__int_as_float(__ldcg(c + 2)), __ldcg(c + 3)});
-      if (paper_rejects) acc.rsum += __int_as_float(__ldcg(c + 4));
-      if (is_sigmoid(MODE)) acc.checks |= __ldcg(c + 5);
+      res = better(res, RaceBest{__int_as_float(__ldcg(c)), __ldcg(c + 1)});
+      pb = better(pb, RaceBest{__int_as_float(__ldcg(c + 2)), __ldcg(c + 3)});
+      if (paper_rejects) rsum += __int_as_float(__ldcg(c + 4));
+      if (is_sigmoid(MODE)) checks |= __ldcg(c + 5);
     }
-    acc = block_reduce(acc, CombineRaceSlice(), red);
-    RaceBest res = acc.won.res;
-    const RaceBest pb = acc.won.pb;
-    const int checks = acc.checks;   // the sigmoid methods: the rows at n, masses over every slice
+    res = block_reduce(res, BetterRace(), red);
+    pb = block_reduce(pb, BetterRace(), red);
     // SIGMOID_PAPER at a rejection: weights max(1e-5, r / (1e-6 + sum r)), so the winner is the
     // residual's (largest r / E, scaled by the normaliser) or the floor's (largest 1e-5 / E),
     // whichever key is larger: the maximum of a maximum is the larger of the two maxima.
-    if (paper_rejects && res.key * (1.f / (1e-6f + acc.rsum)) < 1e-5f * pb.key) res = pb;
+    if (paper_rejects) {
+      rsum = block_reduce(rsum, AddFloat(), reinterpret_cast<float*>(red));
+      if (res.key * (1.f / (1e-6f + rsum)) < 1e-5f * pb.key) res = pb;
+    }
     if constexpr (is_sigmoid(MODE)) {   // the rows at n: their values (P2's flags) and masses
+      checks = __syncthreads_or(checks & 1) | (__syncthreads_or(checks & 2) ? 2 : 0);
       if (!rq.greedy) {
         errs |= __ldcg(err + b);
         if (!(checks & 1) || (read_q && !(checks & 2))) errs |= SS_ERR_NO_MASS;
@@ -1037,7 +1042,7 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
     int B, int G, int V, int S1, int C1, int S2, int C2, int lag_requests, int walk,
     int* ws, long long part_off, long long cand_off, const float* record, int* out) {
   __shared__ SoftmaxStat red_stat[SS_WARPS];
-  __shared__ RaceSlice red_race[SS_WARPS];
+  __shared__ RaceBest red_race[SS_WARPS];
   __shared__ int sh[6];  // n, errors, last-block flag, token, no mass, ticket
   extern __shared__ int dynamic_smem[];  // R SoftmaxStat: the combined rows in P2
   Verifier<T, TOK, VEC, MODE> v;
