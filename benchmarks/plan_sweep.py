@@ -43,21 +43,21 @@ def main():
     args = ap.parse_args()
     import cupy as cp
     B, G, V = args.batch, args.gamma, args.vocab
-    methods = args.methods.split(",")
+    methods, modes = args.methods.split(","), []
+    if "exact" in methods:
+        modes.append(("exact", kernels.MODE_LOGITS, {}))
+    if "min_p" in methods:   # the truncation is built once, as the decoding loop does
+        modes.append(("min_p 0.05", kernels.MODE_MIN_P, {"warps": build_warps(cp, B, V, 1.0, min_p=0.05)}))
     print("| dtype | p1_sweeps | p2_sweeps | method | slices per row | P1 items | waves | P2 slices | device µs |")
     print("|---|---|---|---|---|---|---|---|---|")
     for dtype in args.dtypes.split(","):
         inputs = make_inputs(cp, B, G, V, dtype)
         tokens, draft, target = inputs.next()
-        min_p = build_warps(cp, B, V, 1.0, min_p=0.05)
         per_row = -(-V // (kernels.THREADS * kernels.vec_width(dtype, V, draft, target)[1]))   # sweeps in a row
         for slices, p2 in ((int(s), int(p)) for s in args.slices.split(",") for p in args.p2.split(",")):
             sweeps = None if slices == 0 else -(-per_row // slices)
             plan = kernels.PlanOptions(p1_sweeps=sweeps, p2_sweeps=p2 or None)
-            for name, mode, kw in (("exact", kernels.MODE_LOGITS, {}),
-                                   ("min_p 0.05", kernels.MODE_MIN_P, {"warps": min_p})):
-                if name.split()[0] not in methods:
-                    continue
+            for name, mode, kw in modes:
                 info = kernels.plan_info(tokens, draft, target, dtype_name=dtype, mode=mode, options=plan)
                 items = B * (2 * G + 1) * info["S1"]
                 seconds = time_calls(cp, inputs, args.reps, plan=plan, **kw)

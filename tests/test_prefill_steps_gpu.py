@@ -27,8 +27,7 @@ def _plans(dec):
 
 def _check_plans(dec):
     """The loop's runs (at most gamma + 1 columns) keep their own bindings; every prefill binding is a
-    view of its plan's one buffer, and prefills of several lengths, longer
-    than any loop run, happened."""
+    view of its plan's one buffer, and prefills of several lengths, longer than any loop run, happened."""
     prefilled = set()
     for role, plan in _plans(dec):
         assert max(plan.steps, default=0) <= GAMMA + 1, (role, sorted(plan.steps))
