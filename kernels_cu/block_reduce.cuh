@@ -79,6 +79,29 @@ struct CombineSum {
 struct BetterRace {
   __device__ RaceBest operator()(RaceBest a, RaceBest b) const { return better(a, b); }
 };
+// The race's two winners (the residual's or bonus row's, and p's: the fallback), reduced together:
+// one round of shared memory and barriers where each took one.
+struct RacePair {
+  RaceBest res, pb;
+};
+struct BetterPair {
+  __device__ RacePair operator()(RacePair a, RacePair b) const {
+    return RacePair{better(a.res, b.res), better(a.pb, b.pb)};
+  }
+};
+// The last P2 block's reduction over the slices: both winners, SIGMOID_PAPER's residual sum and the
+// sigmoid methods' masses (OR), in one round. (In a slice's own reduction the two extra words push
+// the sigmoid methods past 64 registers: there they keep their own rounds.)
+struct RaceSlice {
+  RacePair won;
+  float rsum;
+  int checks;
+};
+struct CombineRaceSlice {
+  __device__ RaceSlice operator()(RaceSlice a, RaceSlice b) const {
+    return RaceSlice{BetterPair()(a.won, b.won), a.rsum + b.rsum, a.checks | b.checks};
+  }
+};
 struct MaxFloat {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };

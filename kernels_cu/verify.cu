@@ -659,10 +659,52 @@ struct Verifier {
     return st;
   }
 
-  // After the wait: combine each active row's slice statistics into shared memory, one warp per
-  // row. Sets *no_mass when an active row has no probability mass (logits, sigmoid: no entry
-  // > -inf; probabilities: the valid entries sum to 0).
+  // After the wait: combine each active row's slice statistics into shared memory. Sets *no_mass
+  // when an active row has no probability mass (logits, sigmoid: no entry > -inf; probabilities:
+  // the valid entries sum to 0).
   __device__ __forceinline__ void combine_rows(int b, const Request& rq, int* no_mass) const {
+    if constexpr (MODE == SS_MODE_LOGITS || MODE == SS_MODE_PROBS) combine_rows_grouped(b, rq, no_mass);
+    else combine_rows_by_warp(b, rq, no_mass);
+  }
+
+  // Exact and probabilities: a group of `width` lanes per row, as narrow as lets the block take
+  // every row of the request in one pass (R <= 8: a warp each; <= 16: half-warps; else quarters),
+  // so all the rows' partial loads are in flight at once: one L2 round trip and one shuffle tree
+  // on the decision's path, where a warp per row took one per row it held (3 rows of 11 took two).
+  __device__ __forceinline__ void combine_rows_grouped(int b, const Request& rq, int* no_mass) const {
+    const int width = R <= SS_WARPS ? 32 : (R <= 2 * SS_WARPS ? 16 : 8);
+    const int groups = SS_THREADS / width, sub = threadIdx.x % width;
+    for (int r0 = 0; r0 < R; r0 += groups) {   // the same trip count in every thread: the shuffles
+      const int r = r0 + threadIdx.x / width;  // below are warp-wide
+      const bool is_target = r <= G;
+      const bool active = r < R && row_active(rq, is_target, is_target ? r : r - G - 1);
+      SoftmaxStat st = {-SS_INF, 0.f, 0x7fffffff};
+      int bits = 0;
+      if (active) {
+        const int* rp = part + (long long)(b * R + r) * S1 * SS_PART;
+#pragma unroll 4
+        for (int k = sub; k < S1; k += width) {
+          int kb;
+          st = Combine()(st, load_stat(rp + SS_PART * k, kb));
+          bits |= kb;
+        }
+      }
+      for (int o = width >> 1; o > 0; o >>= 1) {   // xor offsets below width stay in the group
+        const SoftmaxStat w = {__shfl_xor_sync(0xffffffffu, st.m, o), __shfl_xor_sync(0xffffffffu, st.s, o),
+                               __shfl_xor_sync(0xffffffffu, st.arg, o)};
+        st = Combine()(st, w);
+        bits |= __shfl_xor_sync(0xffffffffu, bits, o);
+      }
+      if (active && sub == 0) {
+        rows[r] = st;
+        row_bits_sh()[r] = bits;
+        if (MODE == SS_MODE_PROBS ? !(st.s > 0.f) : st.m == -SS_INF) *no_mass = 1;
+      }
+    }
+  }
+
+  // The other modes: one warp per row.
+  __device__ __forceinline__ void combine_rows_by_warp(int b, const Request& rq, int* no_mass) const {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int r = warp; r < R; r += SS_WARPS) {
       const bool is_target = r <= G;
@@ -838,7 +880,7 @@ struct Verifier {
     if (lane == 0) { *s_n = n; *s_err = errs; }
   }
 
-  __device__ __forceinline__ void phase2(int b, int s, RaceBest* red, int* sh) const {
+  __device__ __forceinline__ void phase2(int b, int s, RaceSlice* red, int* sh) const {
     const Request rq = request(b);
     if (walking()) {
       walk_outcome(b, rq, sh + 0, sh + 1);
@@ -943,15 +985,14 @@ struct Verifier {
       flag_bad(bad_q, err + b, SS_ERR_DRAFT);
       checks = (__syncthreads_or(mass_p) ? 1 : 0) | (__syncthreads_or(mass_q) ? 2 : 0);
     }
-    res = block_reduce(res, BetterRace(), red);
-    pb = block_reduce(pb, BetterRace(), red);
+    const RacePair won = block_reduce(RacePair{res, pb}, BetterPair(), reinterpret_cast<RacePair*>(red));
     // The residual's sum is wanted at a rejection only (bonus and n are the same for the whole block).
     const bool paper_rejects = MODE == SS_MODE_SIGMOID_PAPER && !bonus;
     if (paper_rejects) rsum = block_reduce(rsum, AddFloat(), reinterpret_cast<float*>(red));
     if (threadIdx.x == 0) {
       int* c = cand + ((long long)b * S2 + s) * SS_CAND;
-      c[0] = __float_as_int(res.key); c[1] = res.idx;
-      c[2] = __float_as_int(pb.key); c[3] = pb.idx;
+      c[0] = __float_as_int(won.res.key); c[1] = won.res.idx;
+      c[2] = __float_as_int(won.pb.key); c[3] = won.pb.idx;
       if (paper_rejects) c[4] = __float_as_int(rsum);
       if (is_sigmoid(MODE)) c[5] = checks;
       sh[2] = publish_add(fin_ctr + b, 1) == S2 - 1;
@@ -963,30 +1004,26 @@ struct Verifier {
 
   // Last P2 block of request b: reduce the slices' winners and write the outputs. errs: the codes
   // known before the race (the sigmoid methods add their row checks, made in the race's pass).
-  __device__ __forceinline__ void finish(int b, const Request& rq, int n, int errs, bool read_q, RaceBest* red,
+  __device__ __forceinline__ void finish(int b, const Request& rq, int n, int errs, bool read_q, RaceSlice* red,
                                          int* sh) const {
-    RaceBest res = {-SS_INF, 0x7fffffff}, pb = {-SS_INF, 0x7fffffff};
-    float rsum = 0.f;
-    int checks = 0;
+    RaceSlice acc = {{{-SS_INF, 0x7fffffff}, {-SS_INF, 0x7fffffff}}, 0.f, 0};
     const bool paper_rejects = MODE == SS_MODE_SIGMOID_PAPER && n < rq.L;
     for (int k = threadIdx.x; k < S2; k += SS_THREADS) {
       const int* c = cand + ((long long)b * S2 + k) * SS_CAND;
-      res = better(res, RaceBest{__int_as_float(__ldcg(c)), __ldcg(c + 1)});
-      pb = better(pb, RaceBest{__int_as_float(__ldcg(c + 2)), __ldcg(c + 3)});
-      if (paper_rejects) rsum += __int_as_float(__ldcg(c + 4));
-      if (is_sigmoid(MODE)) checks |= __ldcg(c + 5);
+      acc.won.res = better(acc.won.res, RaceBest{__int_as_float(__ldcg(c)), __ldcg(c + 1)});
+      acc.won.pb = better(acc.won.pb, RaceBest{__int_as_float(__ldcg(c + 2)), __ldcg(c + 3)});
+      if (paper_rejects) acc.rsum += __int_as_float(__ldcg(c + 4));
+      if (is_sigmoid(MODE)) acc.checks |= __ldcg(c + 5);
     }
-    res = block_reduce(res, BetterRace(), red);
-    pb = block_reduce(pb, BetterRace(), red);
+    acc = block_reduce(acc, CombineRaceSlice(), red);
+    RaceBest res = acc.won.res;
+    const RaceBest pb = acc.won.pb;
+    const int checks = acc.checks;   // the sigmoid methods: the rows at n, masses over every slice
     // SIGMOID_PAPER at a rejection: weights max(1e-5, r / (1e-6 + sum r)), so the winner is the
     // residual's (largest r / E, scaled by the normaliser) or the floor's (largest 1e-5 / E),
     // whichever key is larger: the maximum of a maximum is the larger of the two maxima.
-    if (paper_rejects) {
-      rsum = block_reduce(rsum, AddFloat(), reinterpret_cast<float*>(red));
-      if (res.key * (1.f / (1e-6f + rsum)) < 1e-5f * pb.key) res = pb;
-    }
+    if (paper_rejects && res.key * (1.f / (1e-6f + acc.rsum)) < 1e-5f * pb.key) res = pb;
     if constexpr (is_sigmoid(MODE)) {   // the rows at n: their values (P2's flags) and masses
-      checks = __syncthreads_or(checks & 1) | (__syncthreads_or(checks & 2) ? 2 : 0);
       if (!rq.greedy) {
         errs |= __ldcg(err + b);
         if (!(checks & 1) || (read_q && !(checks & 2))) errs |= SS_ERR_NO_MASS;
@@ -1042,7 +1079,7 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
     int B, int G, int V, int S1, int C1, int S2, int C2, int lag_requests, int walk,
     int* ws, long long part_off, long long cand_off, const float* record, int* out) {
   __shared__ SoftmaxStat red_stat[SS_WARPS];
-  __shared__ RaceBest red_race[SS_WARPS];
+  __shared__ RaceSlice red_race[SS_WARPS];
   __shared__ int sh[6];  // n, errors, last-block flag, token, no mass, ticket
   extern __shared__ int dynamic_smem[];  // R SoftmaxStat: the combined rows in P2
   Verifier<T, TOK, VEC, MODE> v;
