@@ -29,7 +29,7 @@ __device__ __forceinline__ unsigned long long ss_now() {
 """ % (MAX_ITEMS, MAX_ITEMS, MAX_B, MAX_ITEMS)
 
 WALK_TAKE = ("      const long long item = take_ticket(ticket, sh + 5);\n"
-             "      if (past_last_item(item, total, ticket)) return;\n      if (item < p1) {\n")
+             "      if (past_last_item(item, total, ticket, one_each)) return;\n      if (item < p1) {\n")
 WALK_DONE = ("        v.phase2((int)((item - p1) / S2), (int)((item - p1) % S2), red_race, sh);\n      }\n")
 ACTIVE = "    if (walking() && active && i > 0) active = !stopped_before(b, i, sh);\n"
 STOP = "            stop_n[b] = p + 1;\n"
