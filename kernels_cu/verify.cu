@@ -1068,7 +1068,7 @@ struct Verifier {
 // is the last to touch the counter, and leaves it at zero for the next launch. Where every item has
 // a block of its own (`one_each`: small batches) a block takes one ticket only, so the one holding
 // ticket gridDim.x - 1 is the last to touch the counter: the block's exit then waits for no round
-// trip past the last item, and the last block's exit ends the kernel (3-5 % at B = 1, H100).
+// trip past the last item, and the last block's exit ends the kernel (2-6 % at B = 1, H100).
 __device__ __forceinline__ bool past_last_item(long long item, long long total, unsigned* ticket, bool one_each) {
   const long long last = one_each ? gridDim.x - 1 : total + gridDim.x - 1;
   if (threadIdx.x == 0 && item == last) atomicExch(ticket, 0u);
