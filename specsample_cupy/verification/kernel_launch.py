@@ -194,14 +194,12 @@ class _Plan:
         spare = capacity - B * (2 if walk else R) * S1
         if opts.p2_sweeps:
             C2 = sweep * opts.p2_sweeps
-        elif spare >= B and B * sweeps <= capacity // 2:
+        elif spare >= B:
             # Emitted rows of at most half the grid's blocks in sweeps: one sweep per P2 item, so each
             # block's race is one round trip; items past the spare blocks go to blocks that finish
             # P1, which would wait for the rows (B = 1, V = 256000, H100: 20.2 / 19.8 µs against
             # 22.0 / 20.8 for four / two sweeps, float32 / float16; benchmarks/plan_sweep.py --p2).
-            C2 = sweep
-        elif spare >= B:
-            C2 = sweep * -(-sweeps // max(1, spare // B))
+            C2 = sweep * (1 if B * sweeps <= capacity // 2 else -(-sweeps // max(1, spare // B)))
         else:
             C2 = sweep * _sweeps_per_item(sweeps * B, capacity, opts.max_sweeps, opts.min_sweeps or 1)
         S2 = -(-V // C2)
