@@ -1,6 +1,7 @@
 """Small verify() calls over every mode and dtype, for compute-sanitizer (memcheck / racecheck /
 synccheck): clean requests, bad requests (NaN, all -Inf rows, ids out of range, bad lengths and
-temperatures), and the default plan next to an oversubscribed and a one-block grid.
+temperatures), and the default plan next to an oversubscribed and a one-block grid, every row at
+once and in the walk order.
 
     compute-sanitizer --tool memcheck python3 benchmarks/sanitize_verify.py [--lineinfo] [METHOD [DTYPE]]
 --lineinfo compiles the kernels with line information (source lines in the reports).
@@ -22,7 +23,10 @@ ap.add_argument("--lineinfo", action="store_true", help="compile with --generate
 args = ap.parse_args()
 plans = [PlanOptions(lineinfo=args.lineinfo), PlanOptions(lineinfo=args.lineinfo, grid=1),
          PlanOptions(lineinfo=args.lineinfo, p1_sweeps=1, p2_sweeps=1, grid=1000),
-         PlanOptions(lineinfo=args.lineinfo, p1_sweeps=16)]   # long P1 slices (min-p: candidate lists)
+         PlanOptions(lineinfo=args.lineinfo, p1_sweeps=16),   # long P1 slices (min-p: candidate lists)
+         # the walk order (exact, probabilities, greedy; the other modes ignore it)
+         PlanOptions(lineinfo=args.lineinfo, walk=True), PlanOptions(lineinfo=args.lineinfo, walk=True, grid=1),
+         PlanOptions(lineinfo=args.lineinfo, walk=True, p1_sweeps=1, p2_sweeps=1, grid=1000)]
 rng = np.random.default_rng(0)
 bad = 0
 for V in (37, 1024):

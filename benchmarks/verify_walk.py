@@ -7,12 +7,11 @@ rotated past L2; bench verify's harness), gamma = 5, per dtype, V and B, on thre
   sampled   draft tokens sampled from q = softmax(draft logits), draft = 0.8 target + noise (the
             bench's logits; acceptance about what a fair draft model gets);
   accepted  draft logits equal to the target's (every draft accepted: the walk's worst case).
-Each row also gives the mean accepted count. The walk is timed once per pair of --slices (P1 slices
-per row, 0: the plan's) and --waits (PlanOptions.walk_wait: positions whose items wait for their
-request's previous decision); columns walk_s<slices>_w<wait>_us.
+Each row also gives the mean accepted count. The walk is timed once per --sweeps value (PlanOptions.p1_sweeps:
+sweeps of THREADS * VEC elements per P1 item, 0: the plan's); columns walk_c<sweeps>_us.
 
     python3 benchmarks/verify_walk.py [--batch 1,8,16,32,64] [--vocab 32000,151936] [--reps 30]
-                                      [--slices 0] [--waits 0] [--json FILE]
+                                      [--sweeps 0] [--json FILE]
 """
 import argparse
 import json
@@ -36,11 +35,8 @@ def input_ring(cp, B, V, dtype, drafts):
     return ring if drafts == "random" else sampled_drafts(cp, ring)
 
 
-def measure(cp, ring, walk, reps, wait=None, slices=0):
-    tokens, draft, target = ring.next()
-    V = target.shape[-1]
-    per_row = -(-V // (kernels.THREADS * kernels.vec_width(target.dtype.name, V, draft, target)[1]))   # sweeps
-    plan = kernels.PlanOptions(walk=walk, walk_wait=wait, p1_sweeps=-(-per_row // slices) if slices else None)
+def measure(cp, ring, walk, reps, sweeps=0):
+    plan = kernels.PlanOptions(walk=walk, p1_sweeps=sweeps or None)
 
     def call(k):
         return verify(*ring.next(), method="exact", seed=1, offset=k, plan=plan)
@@ -54,17 +50,16 @@ def main():
     ap.add_argument("--vocab", default="32000,151936")
     ap.add_argument("--dtype", default="float32,float16")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--slices", default="0", help="P1 slices per row to time the walk at (0: the plan's)")
-    ap.add_argument("--waits", default="0", help="PlanOptions.walk_wait values to time the walk at")
+    ap.add_argument("--sweeps", default="0", help="sweeps per P1 item to time the walk at (0: the plan's)")
     ap.add_argument("--json")
     args = ap.parse_args()
     import cupy as cp
     gpu = result_json.gpu_name()
     rows = []
     print(f"exact verification, gamma = {G}, {gpu}: device µs per call, all rows vs walk")
-    walks = [(int(s), int(w)) for s in args.slices.split(",") for w in args.waits.split(",")]
+    walks = [int(c) for c in args.sweeps.split(",")]
     print("| dtype | V | B | drafts | mean accepted | all rows | "
-          + " | ".join(f"walk, {s or 'plan'} slices, wait {w}" for s, w in walks) + " | all rows / walk |")
+          + " | ".join(f"walk, {c or 'plan'} sweeps" for c in walks) + " | all rows / walk |")
     print("|---|---|---|---|---|---|" + "---|" * (len(walks) + 1))
     for dtype in args.dtype.split(","):
         for V in (int(v) for v in args.vocab.split(",")):
@@ -72,10 +67,10 @@ def main():
                 for drafts in DRAFTS:
                     ring = input_ring(cp, B, V, dtype, drafts)
                     all_rows, accepted = measure(cp, ring, False, args.reps)
-                    times = [measure(cp, ring, True, args.reps, w, s)[0] for s, w in walks]
+                    times = [measure(cp, ring, True, args.reps, c)[0] for c in walks]
                     row = dict(dtype=dtype, V=V, B=B, gamma=G, drafts=drafts, mean_accepted=round(accepted, 3),
                                all_rows_us=round(all_rows, 2))
-                    row.update({f"walk_s{s}_w{w}_us": round(t, 2) for (s, w), t in zip(walks, times)})
+                    row.update({f"walk_c{c}_us": round(t, 2) for c, t in zip(walks, times)})
                     rows.append(row)
                     print(f"| {dtype} | {V} | {B} | {drafts} | {accepted:.2f} | {all_rows:.1f} | "
                           + " | ".join(f"{t:.1f}" for t in times) + f" | {all_rows / min(times):.2f} |", flush=True)

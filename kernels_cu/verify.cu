@@ -32,8 +32,7 @@
 // grid is full and rows past a request's first rejection are wasted bandwidth): the P1 items run
 // position by position across the batch, target row i and draft row i of every request, then the
 // P2 items. A P1 item skips its row when its request is already known to have stopped before its
-// position; past the plan's wait_to it never waits (one handed out earlier reads its row, unused),
-// up to it it first waits for its request's previous decision. Position i's counter
+// position (it never waits: one handed out earlier reads its row, unused). Position i's counter
 // counts its rows' slices and, for i > 0, position i - 1's decision to go on; whoever completes it
 // decides position i (the first_rejection() rule for one position), publishing a stop or counting
 // itself into position i + 1, and so on. P2 then reads the stop and combines only the rows at n.
@@ -57,12 +56,11 @@
 // moments before by P1, so its re-read hits L2 (the sigmoid methods read it only here).
 //
 // Progress does not depend on how many blocks are resident (another kernel on another stream,
-// MPS, a grid larger than the GPU holds): the only unbounded waits are items waiting for P1 items
-// of the same request that come earlier in the item order and so hold smaller tickets (P2 items for
-// every P1 item; in the walk, P1 items up to wait_to for the decisions of earlier positions). A
-// ticket is only ever held by a block that is running, and an awaited item waits in turn only for
-// smaller tickets, or for a bounded time (min-p's agreement), so it is in progress and finishes.
-// Nothing waits for a P2 item. The ticket counter, like the per-request counters, is left at zero (the block that takes the
+// MPS, a grid larger than the GPU holds): the only unbounded waits are P2 items waiting for P1 items
+// of the same request, which come earlier in the item order and so hold smaller tickets. A ticket is
+// only ever held by a block that is running, and a P1 item never waits but for a bounded time
+// (min-p's agreement), so every awaited item is in progress and finishes. Nothing waits for a P2
+// item. The ticket counter, like the per-request counters, is left at zero (the block that takes the
 // last ticket resets it), so a call needs no memset.
 #include "codes.cuh"
 #include "philox.cuh"
@@ -180,14 +178,10 @@ struct Verifier {
   int B, G, V, S1, C1, S2, C2, R;
   int *req_ctr, *fin_ctr, *err, *part, *cand;
   // The walk order (exact, probabilities, greedy, when the plan asks; see the header): per request
-  // one 8-byte pair, the stop (n + 1; 0: none yet) and the positions reached (i + 1 once position i
-  // is known to be read), then per position the arrivals of its rows' slices plus the previous
-  // position's decision to go on. A P1 item at positions 1..wait_to waits for its request's previous
-  // decision.
+  // the stop (n + 1; 0: none yet), and per position the arrivals of its rows' slices plus the
+  // previous position's decision to go on.
   bool walk;
-  int wait_to;
-  int *walk_state, *pos_cnt;
-  __device__ __forceinline__ int* stop_n(int b) const { return walk_state + 2 * b; }
+  int *stop_n, *pos_cnt;
   __device__ __forceinline__ bool walking() const { return (MODE == SS_MODE_LOGITS || MODE == SS_MODE_PROBS) && walk; }
   SoftmaxStat* rows;  // shared: the combined statistics of every row of the current P2 request
   // Shared, after `rows`: their value-error bits (from the partials; exact, probabilities, greedy).
@@ -556,20 +550,10 @@ struct Verifier {
   }
 
   // ---- The walk order: positions decided as their rows arrive ---------------------------------
-  // Whether request b's verification has stopped before position i. At positions past wait_to no
-  // wait: an item handed out before the stop is published reads its row, which no decision then
-  // uses. Up to wait_to the item waits until position i - 1 is decided (a stop, or i reached): its
-  // row is read only if a decision uses it, at the price of a pause between positions. The decisions
-  // awaited need only P1 items of positions before i, which hold smaller tickets (see the header).
+  // Whether request b's verification is known to have stopped before position i (no wait: an item
+  // handed out before the stop is published reads its row, which no decision then uses).
   __device__ __forceinline__ bool stopped_before(int b, int i, int* sh) const {
-    if (threadIdx.x == 0) {
-      int2 state = __ldcv(reinterpret_cast<const int2*>(stop_n(b)));   // (stop, reached), one load
-      while (state.x == 0 && i <= wait_to && state.y <= i) {
-        __nanosleep(32);
-        state = __ldcv(reinterpret_cast<const int2*>(stop_n(b)));
-      }
-      sh[0] = state.x;
-    }
+    if (threadIdx.x == 0) sh[0] = __ldcg(stop_n + b);
     __syncthreads();
     const int stop = sh[0];
     return stop != 0 && stop - 1 < i;
@@ -601,10 +585,9 @@ struct Verifier {
         if (p < rq.L) {
           const Gathered g = gather(b, p, rq);
           if (!g.in_range || position_bits(rq, p) != 0 || !accepts(b, p, g, rq)) {
-            *stop_n(b) = p + 1;
+            stop_n[b] = p + 1;
             __threadfence();
           } else {
-            stop_n(b)[1] = p + 2;   // reached (before the count's fence; it orders no data, it ends waits)
             const int full = position_rows(rq, p + 1) * S1 + 1;
             next = publish_add(pos_cnt + (long long)b * (G + 1) + p + 1, 1) == full - 1;
           }
@@ -622,7 +605,7 @@ struct Verifier {
     wait_rows(b);
     if (threadIdx.x < 32) {
       const int lane = threadIdx.x;
-      const int stop = __ldcg(stop_n(b));
+      const int stop = __ldcg(stop_n + b);
       const int n = stop ? stop - 1 : rq.L;
       combine_row(b, n, lane);
       if (row_active(rq, false, n)) combine_row(b, G + 1 + n, lane);
@@ -1064,7 +1047,7 @@ struct Verifier {
       fin_ctr[b] = 0;
       req_ctr[b] = 0;
       err[b] = 0;
-      if (walking()) { stop_n(b)[0] = 0; stop_n(b)[1] = 0; }
+      if (walking()) stop_n[b] = 0;
     }
     if (walking()) {
       for (int i = threadIdx.x; i <= G; i += SS_THREADS) pos_cnt[(long long)b * (G + 1) + i] = 0;
@@ -1098,7 +1081,7 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
     const int* lengths, const float* temps, float temp_scalar, int greedy_all,
     unsigned long long seed, const long long* seed_ptr, unsigned long long offset, const long long* offset_ptr,
     const long long* streams, float sig_offset, float sig_scale, unsigned race_purpose,
-    int B, int G, int V, int S1, int C1, int S2, int C2, int lag_requests, int walk, int wait_to,
+    int B, int G, int V, int S1, int C1, int S2, int C2, int lag_requests, int walk,
     int* ws, long long part_off, long long cand_off, const float* record, int* out) {
   __shared__ SoftmaxStat red_stat[SS_WARPS];
   __shared__ RaceSlice red_race[SS_WARPS];
@@ -1125,9 +1108,8 @@ __global__ void __launch_bounds__(SS_THREADS, (MODE == SS_MODE_PROBS || MODE == 
   v.row_cnt = ws + 3 * B + 1 + B * R;
   v.row_wait = (int)gridDim.x >= S1;
   v.walk = walk != 0;   // the walk order's counters follow the ticket (no min-p ones)
-  v.wait_to = wait_to;
-  v.walk_state = ws + ((3 * B + 2) & ~1);   // 8-byte aligned pairs
-  v.pos_cnt = v.walk_state + 2 * B;
+  v.stop_n = ws + 3 * B + 1;
+  v.pos_cnt = v.stop_n + B;
   v.accepted = out; v.emitted = out + B; v.error = out + 2 * B; v.tokens = out + 3 * B;
   unsigned* ticket = reinterpret_cast<unsigned*>(ws + 3 * B);
 

@@ -1,9 +1,8 @@
 """The walk order of the verification kernel (kernels_cu/verify.cu's header): at large batches exact,
 probability and greedy verification decide position after position and never read the rows past a
 request's first rejection. It must change which rows are read, never a result: field by field equal
-to the all-rows order and to the CPU reference, on any grid (one block, a few, more than fit), with
-items waiting for their request's previous decision or not (PlanOptions.walk_wait), call after call
-(its counters return to zero), with ragged lengths, greedy and sampling requests mixed,
+to the all-rows order and to the CPU reference, on any grid (one block, a few, more than fit), call
+after call (its counters return to zero), with ragged lengths, greedy and sampling requests mixed,
 fully accepted requests, one-hot drafts, and bad data where a decision reads it (error codes) or
 where none does (no effect). Each wait is bounded: a hang fails the test instead of stalling it."""
 import numpy as np
@@ -73,20 +72,18 @@ def test_walk_equals_all_rows_and_the_reference_on_any_grid(method, probs, oneho
     assert (accepted >= 0).all() and (accepted < lengths).any() and ((accepted == G) & (lengths == G)).any(), \
         "the batch must mix full acceptance and early rejection"
     for grid in (None, 1, 7, 4096):
-        for wait in (None, 0, 2, G):
-            for repeat in range(2):    # the walk's counters must be back at zero after every call
-                walked = _run(problem, cp, PlanOptions(walk=True, walk_wait=wait, grid=grid), method, probs, onehot)
-                _assert_same(walked, all_rows, f"walk grid={grid} wait={wait} call {repeat}")
+        for repeat in range(2):    # the walk's counters must be back at zero after every call
+            walked = _run(problem, cp, PlanOptions(walk=True, grid=grid), method, probs, onehot)
+            _assert_same(walked, all_rows, f"walk grid={grid} call {repeat}")
 
 
-@pytest.mark.parametrize("wait", [0, G])
 @pytest.mark.parametrize("method", ["exact", "greedy"])
-def test_walk_never_reads_rows_past_the_stop_and_flags_rows_it_reads(method, wait):
+def test_walk_never_reads_rows_past_the_stop_and_flags_rows_it_reads(method):
     """Rows past each request's stop become NaN: nothing changes. A NaN in a row at the stop (read by
     the decision or the residual) gives the request its error code and no token, as on the CPU."""
     import cupy as cp
     from specsample_cupy.verification.kernel_launch import PlanOptions
-    walk = PlanOptions(walk=True, walk_wait=wait)
+    walk = PlanOptions(walk=True)
     problem = _problem(9, 4096)
     tokens, draft, target, lengths, temperature = problem
     clean = _run(problem, cp, walk, method)

@@ -70,12 +70,9 @@ class PlanOptions:
     walk: exact, probabilities and greedy verification in the walk order (position by position,
         skipping the rows of requests known to have stopped before them; verify.cu's header) instead
         of every row at once. It pays where the grid is oversubscribed and drafts are rejected early
-        (H100, B = 64, V = 151936, random drafts: 127 against 181 µs fp32, 89 against 108 fp16) and
+        (H100, B = 64, V = 151936, random drafts: 111 against 183 µs fp32, 85 against 112 fp16) and
         costs where every item is resident at once (0.5-0.72x at B <= 8; benchmarks/verify_walk.py).
         None (the default): the walk where a call's rows hold at least WALK_MIN_BYTES.
-    walk_wait: in the walk order, the positions 1..walk_wait whose P1 items wait for their request's
-        previous decision before reading (no row past a stop is read there, at a pause per position;
-        later positions' items read the rows of requests whose stop is not yet known). None: WALK_WAIT.
     grid: blocks launched; None launches min(work items, blocks resident at once). Any value is
         correct: work is handed out in order from a ticket counter, so extra blocks only queue and
         a single block does everything in turn. Changing it never changes the result.
@@ -87,7 +84,6 @@ class PlanOptions:
     p2_sweeps: int | None = None
     lag_waves: float = 4.0
     walk: bool | None = None
-    walk_wait: int | None = None
     grid: int | None = None
     lineinfo: bool = False
 
@@ -102,9 +98,6 @@ class PlanOptions:
             raise ValueError(f"PlanOptions.min_sweeps ({self.min_sweeps}) > max_sweeps ({self.max_sweeps})")
         if not (isinstance(self.lag_waves, (int, float)) and 0 <= self.lag_waves < float("inf")):
             raise ValueError(f"PlanOptions.lag_waves must be finite and >= 0, got {self.lag_waves!r}")
-        if self.walk_wait is not None and (not isinstance(self.walk_wait, int) or isinstance(self.walk_wait, bool)
-                                           or self.walk_wait < 0):
-            raise ValueError(f"PlanOptions.walk_wait must be an int >= 0 or None, got {self.walk_wait!r}")
         if self.walk is not None and not isinstance(self.walk, bool):
             raise ValueError(f"PlanOptions.walk must be a bool or None, got {self.walk!r}")
         if not isinstance(self.lineinfo, bool):
@@ -115,12 +108,18 @@ DEFAULT_PLAN = PlanOptions()
 
 # The walk order by default (PlanOptions.walk None) where a call's 2 gamma + 1 rows per request hold this
 # many bytes: there reading every row costs more than the walk's position-by-position decisions
-# (H100, V = 151936, gamma = 5: float32 B = 64, 428 MB, 181 -> 127 µs on random drafts and no slower
-# with every draft accepted; float16 B = 64, 214 MB, 5 % slower when every draft is accepted; B <= 8,
+# (H100, V = 151936, gamma = 5: float32 B = 64, 428 MB, 183 -> 111 µs on random drafts and 1 % faster
+# with every draft accepted; float16 B = 64, 214 MB, 2-4 % slower when every draft is accepted; B <= 8,
 # 53 MB or less, 0.5-0.72x; benchmarks/NOTES.md, "The walk order").
 WALK_MIN_BYTES = 256 << 20
-# PlanOptions.walk_wait's default.
-WALK_WAIT = 0
+# Sweeps per P1 item in the walk order at most (64 KiB). Items sized so that one position's rows fill
+# exactly one wave all finish together, so the next position's items are handed out before any of the
+# decisions they could skip on; with shorter items a position spans two or more waves and the early
+# requests' decisions are known by the time their next items are handed out (H100, V = 151936, random
+# drafts, device µs, one-wave items -> 16 sweeps: float32 B = 64 127.7 -> 111.3, B = 128 228.6 ->
+# 194.7; float16 B = 128 144.7 -> 130.3; drafts sampled from q 0.89-0.94x; every draft accepted
+# float32 1.00x, float16 up to 1.05x; benchmarks/verify_walk.py --sweeps, NOTES.md "The walk order").
+WALK_ITEM_SWEEPS = 16
 
 
 def _kernel(name, lineinfo):
@@ -191,22 +190,24 @@ class _Plan:
         sweeps = -(-V // sweep)
         walk = B * R * V * ITEMSIZE[tag] >= WALK_MIN_BYTES if opts.walk is None else opts.walk
         walk = walk and mode in (MODE_LOGITS, MODE_PROBS)
-        if walk:   # one position's 2B rows in one wave of the grid
-            C1 = sweep * (opts.p1_sweeps or min(opts.max_sweeps, -(-sweeps // max(1, capacity // (2 * B)))))
+        if walk:   # one position's 2B rows in at least one wave of the grid, of WALK_ITEM_SWEEPS at most
+            one_wave = -(-sweeps // max(1, capacity // (2 * B)))
+            C1 = sweep * (opts.p1_sweeps or min(opts.max_sweeps, WALK_ITEM_SWEEPS, one_wave))
         else:
             C1 = sweep * (opts.p1_sweeps or _p1_sweeps(V, B * R, sweep, capacity, opts))
         S1 = -(-V // C1)
         if mode in (MODE_WARPED, MODE_SIGMOID, MODE_SIGMOID_PAPER):
             S1 = 0   # warped: the statistics come from warp_rows.cu; sigmoid: P2 reads what it needs
-        # P2: items of as few sweeps as fill one wave of the grid with the emitted rows (one sweep where
-        # they fit: each block's race is then one round trip). Items past the blocks P1 leaves free go to
-        # blocks as they finish P1; sharing the emitted rows among the free blocks alone made items of
-        # 7-23 sweeps where few were free, each a long race after the decision (H100, exact, plan_sweep.py
-        # --p2: B = 2, V = 151936 float32 24.4 -> 20.2 µs; B = 4 float16 33.6 -> 22.1; B = 2, V = 256000
-        # float32 40.9 -> 24.4; B = 1, V = 256000: 20.2 / 19.8 µs against 22.0 / 20.8 for four / two
-        # sweeps, float32 / float16). Beyond one wave (B >= 4 float32) longer items win: B = 8, V = 151936,
-        # 3 sweeps 36.4 µs, 1 sweep 43.7.
-        C2 = sweep * (opts.p2_sweeps or _sweeps_per_item(B * sweeps, capacity, opts.max_sweeps, opts.min_sweeps or 1))
+        # P2: the emitted rows cut into as many slices as fill one wave of the grid at most, one sweep
+        # each where they fit (each block's race is then one round trip). Items past the blocks P1
+        # leaves free go to blocks as they finish P1; sharing the rows among the free blocks alone made
+        # items of 7-23 sweeps where few were free, each a long race after the decision (H100, exact:
+        # B = 2, V = 151936 float32 24.8 -> 20.2 µs; B = 4 float16 33.6 -> 22.0; B = 2, V = 256000
+        # float32 35.4 -> 24.5; benchmarks/plan_sweep.py --p2, results/verify_p2_rule_h100.json). One
+        # slice more per row than a wave holds costs a second wave: the sigmoid methods, whose work is
+        # all P2, took 1.3x at B = 64, V = 256000 with 9 slices per row instead of 8.
+        slices = max(1, capacity // B)
+        C2 = sweep * (opts.p2_sweeps or max(opts.min_sweeps or 1, min(opts.max_sweeps, -(-sweeps // slices))))
         S2 = -(-V // C2)
         per_request = R * S1 + S2
         items = B * per_request
@@ -215,24 +216,23 @@ class _Plan:
         lag = max(1, math.ceil(opts.lag_waves * auto_grid / per_request)) if opts.lag_waves > 0 else 0
         if items + grid >= 2 ** 31:
             raise ValueError(f"verify: {items} work items and {grid} blocks exceed the kernel's 31-bit ticket counter")
-        # [req B | fin B | err B | ticket | min-p: row max keys B R | row counts B R | walk: a pad
-        # where 3B + 1 is odd, (stop, positions reached) B, position counters B (G + 1)], then the
-        # partials (16-byte words of PART_INTS: the counters padded to a multiple of it)
-        extra = 2 * B * R if mode == MODE_MIN_P else (1 + B * (G + 3) if walk else 0)
+        # [req B | fin B | err B | ticket | min-p: row max keys B R | row counts B R | walk: stops B |
+        # position counters B (G + 1)], then the partials (16-byte words of PART_INTS: the counters
+        # padded to a multiple of it)
+        extra = 2 * B * R if mode == MODE_MIN_P else (B * (G + 2) if walk else 0)
         counters = -(-(3 * B + 1 + extra) // PART_INTS) * PART_INTS
         part = B * R * S1 * PART_INTS
         self.workspace = cupy.zeros(counters + part + B * S2 * CAND_INTS, dtype=cupy.int32)
         self.err_ptr = self.workspace.data.ptr + 4 * 2 * B      # the per-request error bits
         self.record = cupy.empty(B * R * WARP_RECORD, cupy.float32) if mode == MODE_WARPED else None
         self.grid, self.capacity = grid, capacity
-        self.wait = (WALK_WAIT if opts.walk_wait is None else opts.walk_wait) if walk else 0
         self.S1, self.C1, self.S2, self.C2, self.lag, self.walk = S1, C1, S2, C2, lag, walk
         self.out_size = 3 * B + B * (G + 1)
         c = ctypes
         self.launch = kernel_runtime.Launch(self.kern, [
             c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_float(), c.c_int32(),
             c.c_uint64(), c.c_void_p(), c.c_uint64(), c.c_void_p(), c.c_void_p(), c.c_float(), c.c_float(),
-            c.c_uint32(), *(c.c_int32(v) for v in (B, G, V, S1, C1, S2, C2, lag, walk, self.wait)),
+            c.c_uint32(), *(c.c_int32(v) for v in (B, G, V, S1, C1, S2, C2, lag, walk)),
             c.c_void_p(self.workspace.data.ptr), c.c_int64(counters), c.c_int64(counters + part),
             ("record", c.c_void_p(0 if self.record is None else self.record.data.ptr)), ("out", c.c_void_p())])
         self.warp = WarpRows(tag, vec, B, G, V, device_id, self.err_ptr, self.record) \
@@ -289,7 +289,7 @@ def plan_info(draft_tokens, draft, target, *, dtype_name, mode, options=None):
     resident at once), S1/C1 (P1 slices per row / their length), S2/C2 (P2 slices), lag)."""
     plan, _ = _plan(draft_tokens, draft, target, dtype_name, mode, options)
     return dict(grid=plan.grid, capacity=plan.capacity, S1=plan.S1, C1=plan.C1, S2=plan.S2, C2=plan.C2,
-                lag=plan.lag, walk=plan.walk, walk_wait=plan.wait)
+                lag=plan.lag, walk=plan.walk)
 
 
 def launch(draft_tokens, draft, target, *, dtype_name, lengths, temps, temp_scalar, seed, offset,
