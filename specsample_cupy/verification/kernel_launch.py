@@ -153,9 +153,10 @@ MIN_ITEM_ELEMENTS = 8192
 
 
 def _sweeps_per_item(total_sweeps, capacity, max_sweeps, min_sweeps):
-    """Sweeps (THREADS * VEC) per work item: few enough items to fit one wave of the grid when the
-    problem is small (latency: every load in flight at once), as much work per item as allowed
-    when it is large (each item pays a ticket, a fence, an atomic and a few barriers)."""
+    """Sweeps (THREADS * VEC) per work item for `total_sweeps` over at most `capacity` items: few
+    enough items to fit one wave of the grid when the problem is small (latency: every load in
+    flight at once), as much work per item as allowed when it is large (each item pays a ticket, a
+    fence, an atomic and a few barriers)."""
     return max(min_sweeps, min(max_sweeps, -(-total_sweeps // capacity)))
 
 
@@ -206,8 +207,8 @@ class _Plan:
         # float32 35.4 -> 24.5; benchmarks/plan_sweep.py --p2, results/verify_p2_rule_h100.json). One
         # slice more per row than a wave holds costs a second wave: the sigmoid methods, whose work is
         # all P2, took 1.3x at B = 64, V = 256000 with 9 slices per row instead of 8.
-        slices = max(1, capacity // B)
-        C2 = sweep * (opts.p2_sweeps or max(opts.min_sweeps or 1, min(opts.max_sweeps, -(-sweeps // slices))))
+        C2 = sweep * (opts.p2_sweeps or _sweeps_per_item(sweeps, max(1, capacity // B), opts.max_sweeps,
+                                                         opts.min_sweeps or 1))
         S2 = -(-V // C2)
         per_request = R * S1 + S2
         items = B * per_request
