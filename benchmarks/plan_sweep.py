@@ -12,7 +12,7 @@ emitted row, so how many blocks share its race; 0: the default), which at B = 1 
 race after the decision takes.
 
     python3 benchmarks/plan_sweep.py [--batch 64] [--vocab 151936] [--gamma 5] [--slices 0,2,3,4,6]
-                                     [--p2 0] [--methods exact,min_p] [--dtypes float32,float16] [--reps 30]
+                                     [--p2 0] [--grid 0] [--methods exact,min_p] [--dtypes float32,float16] [--reps 30]
 """
 import argparse
 
@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--slices", default="0,2,3,4,6", help="P1 slices per row to ask for (0: the default plan)")
     ap.add_argument("--p2", default="0", help="sweeps per P2 slice to ask for (0: the default plan)")
+    ap.add_argument("--grid", default="0", help="blocks to launch (PlanOptions.grid; 0: the default plan's)")
     ap.add_argument("--methods", default="exact,min_p")
     ap.add_argument("--dtypes", default="float32,float16")
     args = ap.parse_args()
@@ -48,21 +49,22 @@ def main():
         modes.append(("exact", kernels.MODE_LOGITS, {}))
     if "min_p" in methods:   # the truncation is built once, as the decoding loop does
         modes.append(("min_p 0.05", kernels.MODE_MIN_P, {"warps": build_warps(cp, B, V, 1.0, min_p=0.05)}))
-    print("| dtype | p1_sweeps | p2_sweeps | method | slices per row | P1 items | waves | P2 slices | device µs |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| dtype | p1_sweeps | p2_sweeps | grid | method | slices per row | P1 items | waves | P2 slices | device µs |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for dtype in args.dtypes.split(","):
         inputs = make_inputs(cp, B, G, V, dtype)
         tokens, draft, target = inputs.next()
         per_row = -(-V // (kernels.THREADS * kernels.vec_width(dtype, V, draft, target)[1]))   # sweeps in a row
-        for slices, p2 in ((int(s), int(p)) for s in args.slices.split(",") for p in args.p2.split(",")):
+        for slices, p2, grid in ((int(s), int(p), int(g)) for s in args.slices.split(",")
+                                 for p in args.p2.split(",") for g in args.grid.split(",")):
             sweeps = None if slices == 0 else -(-per_row // slices)
-            plan = kernels.PlanOptions(p1_sweeps=sweeps, p2_sweeps=p2 or None)
+            plan = kernels.PlanOptions(p1_sweeps=sweeps, p2_sweeps=p2 or None, grid=grid or None)
             for name, mode, kw in modes:
                 info = kernels.plan_info(tokens, draft, target, dtype_name=dtype, mode=mode, options=plan)
                 items = B * (2 * G + 1) * info["S1"]
                 seconds = time_calls(cp, inputs, args.reps, plan=plan, **kw)
-                print(f"| {dtype} | {sweeps or 'auto'} | {p2 or 'auto'} | {name} | {info['S1']} | {items} | "
-                      f"{items / info['capacity']:.2f} | {info['S2']} | {seconds * 1e6:.1f} |", flush=True)
+                print(f"| {dtype} | {sweeps or 'auto'} | {p2 or 'auto'} | {grid or 'auto'} | {name} | {info['S1']} | "
+                      f"{items} | {items / info['capacity']:.2f} | {info['S2']} | {seconds * 1e6:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ behind a busy kernel), for the package found on PYTHONPATH: run it once per sour
 to compare two versions of the kernel in one session on one GPU.
 
 Usage (GPU): python3 benchmarks/verify_rows_read.py LABEL OUT.json [--points 1x32000,8x151936]
-                 [--dtypes float32,float16] [--reps 30] [--methods exact,sigmoid,sigmoid-paper]
+                 [--dtypes float32,float16] [--reps 30] [--gamma 5]
+                 [--methods exact,sigmoid,sigmoid-paper]
 A revision older than the harness (no specsample_cupy.verification: the first package layout) is timed
 by this tree's harness calling that revision's verify() (methods exact and sigmoid), so an old
 measurement can be repeated beside today's in one session.
@@ -49,7 +50,7 @@ def measure(args):
     bv = harness()
     points = tuple(tuple(int(x) for x in p.split("x")) for p in args.points.split(","))
     table = bv.rows_read_table(points=points, dtypes=tuple(args.dtypes.split(",")), reps=args.reps,
-                               methods=tuple(args.methods.split(",")))
+                               methods=tuple(args.methods.split(",")), gamma=args.gamma)
     table["label"] = args.label
     with open(args.out, "w") as f:
         json.dump(table, f)
@@ -100,6 +101,7 @@ def main():
     ap.add_argument("--points", default=DEFAULT_POINTS)
     ap.add_argument("--dtypes", default="float32,float16")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--gamma", type=int, default=5)
     ap.add_argument("--methods", default="exact,sigmoid,sigmoid-paper")
     args = ap.parse_args()
     if args.combine:

@@ -20,19 +20,11 @@ import numpy as np
 
 from specsample_cupy import verify
 from specsample_cupy.bench import result_json
-from specsample_cupy.bench.verify import InputRing, device_seconds, make_inputs, sampled_drafts
+from specsample_cupy.bench.verify import device_seconds, drafts_ring
 from specsample_cupy.verification import kernel_launch as kernels
 
 G = 5
 DRAFTS = ("random", "sampled", "accepted")
-
-
-def input_ring(cp, B, V, dtype, drafts):
-    """bench verify's InputRing (random tokens, rotated past twice the L2) with this kind of drafts."""
-    ring = make_inputs(cp, B, G, V, dtype)
-    if drafts == "accepted":
-        ring = InputRing([(t, cp.ascontiguousarray(tg[:, :G]), tg) for t, _, tg in ring], ring.rotate_bytes)
-    return ring if drafts == "random" else sampled_drafts(cp, ring)
 
 
 def measure(cp, ring, walk, reps, sweeps=0):
@@ -65,7 +57,7 @@ def main():
         for V in (int(v) for v in args.vocab.split(",")):
             for B in (int(b) for b in args.batch.split(",")):
                 for drafts in DRAFTS:
-                    ring = input_ring(cp, B, V, dtype, drafts)
+                    ring = drafts_ring(cp, B, G, V, dtype, drafts)
                     all_rows, accepted = measure(cp, ring, False, args.reps)
                     times = [measure(cp, ring, True, args.reps, c)[0] for c in walks]
                     row = dict(dtype=dtype, V=V, B=B, gamma=G, drafts=drafts, mean_accepted=round(accepted, 3),

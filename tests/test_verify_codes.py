@@ -92,17 +92,28 @@ def test_plan_argument_is_type_checked():
 
 
 def test_p1_items_lengthen_at_small_batches_only_where_half_the_grid_stays_free():
-    from specsample_cupy.verification.kernel_launch import PlanOptions, _p1_sweeps
-    R, cap, fp32, fp16 = 11, 528, 1024, 2048            # gamma 5; an H200's grid; elements per sweep
+    from specsample_cupy.verification.kernel_launch import MODE_LOGITS, MODE_MIN_P, MODE_PROBS, PlanOptions, _p1_sweeps
+    R, cap, sms, fp32, fp16 = 11, 528, 132, 1024, 2048     # gamma 5; an H200's grid; elements per sweep
     default, sized_only = PlanOptions(), PlanOptions(min_sweeps=1)
+
+    def p1(V, B, sweep, opts=default, mode=MODE_LOGITS, R=R):
+        return _p1_sweeps(V, B, R, sweep, cap, sms, mode, opts)
     # B = 1: the occupancy alone cuts V = 151936 into 38 items of 4 sweeps; 8192 elements make 19.
-    assert _p1_sweeps(151936, R, fp32, cap, sized_only) == 4
-    assert _p1_sweeps(151936, R, fp32, cap, default) == 8
-    assert _p1_sweeps(151936, R, fp16, cap, default) == 4
-    assert _p1_sweeps(32000, 4 * R, fp32, cap, default) == 8        # B = 4: 176 items
-    # Where 8192-element items would fill more than half the grid the occupancy decides.
-    assert _p1_sweeps(151936, 2 * R, fp32, cap, default) == _p1_sweeps(151936, 2 * R, fp32, cap, sized_only) == 7
-    assert _p1_sweeps(32000, 8 * R, fp32, cap, default) == 6
+    assert p1(151936, 1, fp32, sized_only) == 4
+    assert p1(151936, 1, fp32) == 8
+    assert p1(151936, 1, fp16) == 4
+    assert p1(32000, 4, fp32) == 8        # B = 4: 176 items
+    # Where 8192-element items would fill more than half the grid the occupancy decides...
+    assert p1(151936, 2, fp32) == p1(151936, 2, fp32, sized_only) == 7
+    assert p1(32000, 8, fp32) == 6
+    # ...except for one request's logits: about one item per multiprocessor (12 slices of 11 rows).
+    assert p1(256000, 1, fp32, sized_only) == 6
+    assert p1(256000, 1, fp32) == 21 and -(-250 // 21) == 12
+    assert p1(256000, 1, fp16) == 11 and -(-125 // 11) == 12
+    assert p1(151936, 1, fp32, R=17) == 22 and -(-149 // 22) == 7     # gamma 8: 7 slices of 17 rows
+    for mode in (MODE_PROBS, MODE_MIN_P):
+        assert p1(256000, 1, fp32, mode=mode) == 6
     # Large batches: longer items than the floor anyway.
-    assert _p1_sweeps(151936, 64 * R, fp32, cap, default) == _p1_sweeps(151936, 64 * R, fp32, cap, sized_only)
-    assert _p1_sweeps(151936, R, fp32, cap, PlanOptions(max_sweeps=2)) == 2
+    assert p1(151936, 64, fp32) == p1(151936, 64, fp32, sized_only)
+    assert p1(151936, 1, fp32, PlanOptions(max_sweeps=2)) == 2
+    assert p1(256000, 1, fp32, PlanOptions(max_sweeps=16)) == 16

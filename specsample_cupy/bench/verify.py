@@ -269,6 +269,20 @@ def sampled_drafts(cp, inputs, seed=0):
     return InputRing(out, inputs.rotate_bytes)
 
 
+def drafts_ring(cp, B, G, V, dtype, drafts):
+    """make_inputs' InputRing with one kind of drafts: "random" (uniformly random ids: most requests
+    reject at position 0), "sampled" (ids drawn from the draft's softmax: a fair draft's acceptance)
+    or "accepted" (draft logits equal to the target's: every draft accepted)."""
+    ring = make_inputs(cp, B, G, V, dtype)
+    if drafts == "accepted":
+        return InputRing([(t, cp.ascontiguousarray(tg[:, :G]), tg) for t, _, tg in ring], ring.rotate_bytes)
+    if drafts == "sampled":
+        return sampled_drafts(cp, ring)
+    if drafts != "random":
+        raise ValueError(f"drafts must be random, sampled or accepted, got {drafts!r}")
+    return ring
+
+
 def rows_read_table(points=ROWS_READ_POINTS, dtypes=("float32",), gamma=5, reps=30,
                     methods=("exact", "sigmoid", "sigmoid-paper")):
     """Device µs per call (time_method: rotated inputs, queued behind a busy kernel) of each method

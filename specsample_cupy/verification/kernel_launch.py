@@ -128,12 +128,18 @@ def _kernel(name, lineinfo):
 
 
 @functools.lru_cache(maxsize=None)
+def _multiprocessors(device_id):
+    import cupy
+    return cupy.cuda.Device(device_id).attributes["MultiProcessorCount"]
+
+
+@functools.lru_cache(maxsize=None)
 def _resident_blocks(device_id, name, lineinfo, shared_bytes):
     """Blocks of this kernel that fit on the device at once with `shared_bytes` of dynamic shared
     memory each (what the launch passes): the default grid's size."""
     import cupy
     kern = _kernel(name, lineinfo)
-    sms = cupy.cuda.Device(device_id).attributes["MultiProcessorCount"]
+    sms = _multiprocessors(device_id)
     try:
         per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kern.kernel.ptr, THREADS, shared_bytes)
     except AttributeError:
@@ -160,15 +166,26 @@ def _sweeps_per_item(total_sweeps, capacity, max_sweeps, min_sweeps):
     return max(min_sweeps, min(max_sweeps, -(-total_sweeps // capacity)))
 
 
-def _p1_sweeps(V, rows, sweep, capacity, opts):
-    """Sweeps per P1 item for `rows` rows of V elements, sweeps of `sweep` elements, a grid of
-    `capacity` resident blocks: sized from the occupancy, then lengthened to MIN_ITEM_ELEMENTS where
-    such items leave half the grid free (opts.min_sweeps None)."""
-    sized = _sweeps_per_item(-(-V // sweep) * rows, capacity, opts.max_sweeps, opts.min_sweeps or 1)
-    if opts.min_sweeps is None:
-        longer = max(sized, min(opts.max_sweeps, MIN_ITEM_ELEMENTS // sweep))
-        if 2 * rows * -(-V // (sweep * longer)) <= capacity:
-            return longer
+def _p1_sweeps(V, B, R, sweep, capacity, sms, mode, opts):
+    """Sweeps per P1 item for B requests of R rows of V elements, sweeps of `sweep` elements, a grid
+    of `capacity` resident blocks on `sms` multiprocessors: sized from the occupancy, then lengthened
+    to MIN_ITEM_ELEMENTS where such items leave half the grid free; where they do not, a single
+    request's logits to about one item per multiprocessor (opts.min_sweeps None)."""
+    rows, row_sweeps = B * R, -(-V // sweep)
+    sized = _sweeps_per_item(row_sweeps * rows, capacity, opts.max_sweeps, opts.min_sweeps or 1)
+    if opts.min_sweeps is not None:
+        return sized
+    longer = max(sized, min(opts.max_sweeps, MIN_ITEM_ELEMENTS // sweep))
+    if 2 * rows * -(-V // (sweep * longer)) <= capacity:
+        return longer
+    # One request (V = 256000 at gamma 5, V >= 151936 at gamma 8): its 132 items of one per
+    # multiprocessor still keep enough loads in flight, and P2's decision combines a third of the
+    # partials that one wave of short items leaves (H100, gamma 5, V = 256000: exact 20.2 -> 19.1 µs
+    # float32, 20.0 -> 17.5 float16; greedy and one-hot drafts 0.90-0.96x). Not for two requests or
+    # more (B = 2-4: 0.98-1.30x), nor probabilities (1.03-1.05x), nor min-p (whose register path holds
+    # MIN_ITEM_ELEMENTS); benchmarks/NOTES.md, "One request: a P1 item per multiprocessor".
+    if B == 1 and mode == MODE_LOGITS:
+        return max(longer, min(opts.max_sweeps, -(-row_sweeps // max(1, sms // R))))
     return sized
 
 
@@ -195,7 +212,8 @@ class _Plan:
             one_wave = -(-sweeps // max(1, capacity // (2 * B)))
             C1 = sweep * (opts.p1_sweeps or min(opts.max_sweeps, WALK_ITEM_SWEEPS, one_wave))
         else:
-            C1 = sweep * (opts.p1_sweeps or _p1_sweeps(V, B * R, sweep, capacity, opts))
+            sms = _multiprocessors(device_id)
+            C1 = sweep * (opts.p1_sweeps or _p1_sweeps(V, B, R, sweep, capacity, sms, mode, opts))
         S1 = -(-V // C1)
         if mode in (MODE_WARPED, MODE_SIGMOID, MODE_SIGMOID_PAPER):
             S1 = 0   # warped: the statistics come from warp_rows.cu; sigmoid: P2 reads what it needs
