@@ -1,21 +1,17 @@
 """FlashInfer's chain speculative-sampling kernel beside `exact`, on the same inputs and GPU.
 
-FlashInfer's ChainSpeculativeSampling (include/flashinfer/sampling.cuh) takes probabilities: one block
-per request reads the drafts' probabilities, then the target and draft rows at the first rejection
-twice (the residual's sum, then its inverse-CDF draw). `exact` is timed from the same probabilities
-(verify(probs=True)) and from the logits they came from (its usual input: the softmax normalisers
-are part of its work, not of FlashInfer's). Device µs per call: median of CUDA events over --reps
-calls queued behind a busy kernel, inputs rotated past twice the L2 (bench verify's harness); wall
-µs: median of call + synchronize. gamma = 5. Drafts: random ids, ids sampled from the draft, and
-drafts equal to the target (every draft accepted); each row gives both kernels' mean accepted count
-(FlashInfer's emitted drafts) from one call, as a check that both read the same inputs.
+ChainSpeculativeSampling (FlashInfer's include/flashinfer/sampling.cuh; one block per request) takes
+probabilities; `exact` is timed from the same probabilities (verify(probs=True)) and from the logits
+they came from. Device µs: median of CUDA events over --reps calls queued behind a busy kernel, inputs
+rotated past twice the L2 (bench verify's harness); wall µs: median of call + synchronize. gamma = 5;
+random draft ids, ids sampled from the draft, drafts equal to the target. Each row gives both
+kernels' mean accepted drafts over one call: a check that both read the same inputs.
 
-Build the wrapper library once (nvcc, FlashInfer's headers, curand's headers):
+Build the wrapper once (nvcc; FlashInfer's and curand's headers):
     pip download flashinfer-python --no-deps -d fi && unzip -q -o 'fi/*.whl' 'flashinfer/data/include/*' -d fi
     python3 benchmarks/flashinfer_chain.py --build libchain.so -I fi/flashinfer/data/include [-I CURAND_INCLUDE]
-Run (GPU):
-    python3 benchmarks/flashinfer_chain.py --lib libchain.so [--batch 1,64] [--vocab 151936]
-                                           [--dtype float32,float16] [--reps 30] [--json FILE]
+Run (GPU): python3 benchmarks/flashinfer_chain.py --lib libchain.so [--batch 1,64] [--vocab 151936]
+               [--dtype float32,float16] [--reps 30] [--json FILE]
 """
 import argparse
 import ctypes
@@ -30,8 +26,7 @@ import numpy as np
 G = 5
 DRAFTS = ("random", "sampled", "accepted")
 
-# One exported C function per dtype around FlashInfer's host launcher (deterministic=false, the
-# seed and offset as scalars). Its name says the dtype.
+# One C function per dtype around FlashInfer's host launcher (seed and offset as scalars).
 WRAPPER = r"""
 #include <cuda_fp16.h>
 #include <flashinfer/sampling.cuh>

@@ -49,7 +49,8 @@ def main():
         modes.append(("exact", kernels.MODE_LOGITS, {}))
     if "min_p" in methods:   # the truncation is built once, as the decoding loop does
         modes.append(("min_p 0.05", kernels.MODE_MIN_P, {"warps": build_warps(cp, B, V, 1.0, min_p=0.05)}))
-    print("| dtype | p1_sweeps | p2_sweeps | grid | method | slices per row | P1 items | waves | P2 slices | device µs |")
+    print("| dtype | p1_sweeps | p2_sweeps | grid | method | slices per row | P1 items | waves | P2 slices "
+          "| device µs |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for dtype in args.dtypes.split(","):
         inputs = make_inputs(cp, B, G, V, dtype)

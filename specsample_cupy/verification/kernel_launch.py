@@ -180,9 +180,10 @@ def _p1_sweeps(V, B, R, sweep, capacity, sms, mode, opts):
         return longer
     # One request (V = 256000 at gamma 5, V >= 151936 at gamma 8): its 132 items of one per
     # multiprocessor still keep enough loads in flight, and P2's decision combines a third of the
-    # partials that one wave of short items leaves (H100, gamma 5, V = 256000: exact 20.2 -> 19.1 µs
-    # float32, 20.0 -> 17.5 float16; greedy and one-hot drafts 0.90-0.96x). Not for two requests or
-    # more (B = 2-4: 0.98-1.30x), nor probabilities (1.03-1.05x), nor min-p (whose register path holds
+    # partials that one wave of short items leaves (H100, gamma 5, V = 256000: exact 20.1 -> 19.3 µs
+    # float32, 20.1 -> 17.5 float16; greedy and one-hot drafts 0.89-0.97x). Not where 8192-element
+    # items leave half the grid free (fp32 1.01-1.035x, greedy 1.02x), nor for two requests or more
+    # (B = 2-8: 0.97-1.78x), nor probabilities (1.01-1.05x), nor min-p (whose register path holds
     # MIN_ITEM_ELEMENTS); benchmarks/NOTES.md, "One request: a P1 item per multiprocessor".
     if B == 1 and mode == MODE_LOGITS:
         return max(longer, min(opts.max_sweeps, -(-row_sweeps // max(1, sms // R))))
