@@ -178,7 +178,7 @@ def _p1_sweeps(V, B, R, sweep, capacity, sms, mode, opts):
     longer = max(sized, min(opts.max_sweeps, MIN_ITEM_ELEMENTS // sweep))
     if 2 * rows * -(-V // (sweep * longer)) <= capacity:
         return longer
-    # One request (V = 256000 at gamma 5, V >= 151936 at gamma 8): its 132 items of one per
+    # One request (V = 256000 at gamma 5, V >= 151936 from gamma 7): its 132 items of one per
     # multiprocessor still keep enough loads in flight, and P2's decision combines a third of the
     # partials that one wave of short items leaves (H100, gamma 5, V = 256000: exact 20.1 -> 19.3 µs
     # float32, 20.1 -> 17.5 float16; greedy and one-hot drafts 0.89-0.97x). Not where 8192-element
