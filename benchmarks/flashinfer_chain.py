@@ -18,10 +18,8 @@ import ctypes
 import json
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
 
 G = 5
 DRAFTS = ("random", "sampled", "accepted")
@@ -55,7 +53,7 @@ def build(lib, includes):
 
 class Chain:
     """FlashInfer's kernel on CuPy arrays: call(tokens, draft_probs, target_probs, offset) on the
-    current stream; accepted()/emitted() read the per-request counters it adds to."""
+    current stream; mean_emitted() reads the per-request count it adds to."""
 
     def __init__(self, cp, lib, dtype, B, V):
         self.fn = getattr(ctypes.CDLL(str(Path(lib).resolve())), f"chain_{dtype}")
@@ -82,27 +80,21 @@ class Chain:
 def prob_ring(cp, ring, dtype):
     """The ring with both models' logits replaced by their softmax (computed in float32), same tokens."""
     from specsample_cupy.bench.verify import InputRing
+    from specsample_cupy.verification.baseline import _softmax
 
-    def softmax(z):
-        z = z.astype(cp.float32)
-        e = cp.exp(z - z.max(-1, keepdims=True))
-        return (e / e.sum(-1, keepdims=True)).astype(dtype)
-    return InputRing([(t, softmax(d), softmax(tg)) for t, d, tg in ring], ring.rotate_bytes)
+    def probs(z):
+        return _softmax(z.astype(cp.float32), cp).astype(dtype)
+    return InputRing([(t, probs(d), probs(tg)) for t, d, tg in ring], ring.rotate_bytes)
 
 
 def timed(cp, call, reps):
     """(median device µs from bench verify's events, median wall µs of call + synchronize)."""
-    from specsample_cupy.bench.verify import device_seconds
+    from specsample_cupy.bench.verify import device_seconds, wall_seconds
     for k in range(3):
         call(k)
-    device = device_seconds(cp, call, reps, per_call_s=400e-6) * 1e6
-    stream, wall = cp.cuda.get_current_stream(), []
-    for k in range(reps):
-        t0 = time.perf_counter()
-        call(k)
-        stream.synchronize()
-        wall.append(time.perf_counter() - t0)
-    return device, float(np.median(wall)) * 1e6
+    device = device_seconds(cp, call, reps, per_call_s=400e-6)
+    stream = cp.cuda.get_current_stream()
+    return device * 1e6, wall_seconds(lambda k: (call(k), stream.synchronize()), reps) * 1e6
 
 
 def measure(cp, lib, dtype, B, V, drafts, reps):

@@ -160,6 +160,16 @@ def device_seconds(cp, call, reps, per_call_s=200e-6):
     return float(np.median([cp.cuda.get_elapsed_time(s, e) * 1e-3 for s, e in zip(starts, ends)]))
 
 
+def wall_seconds(call, reps):
+    """Median wall seconds of call(k), k = 0 .. reps-1, each returning once its result is on the host."""
+    wall = []
+    for k in range(reps):
+        t0 = time.perf_counter()
+        call(k)
+        wall.append(time.perf_counter() - t0)
+    return float(np.median(wall))
+
+
 def time_method(cp, method, inputs, reps, temperature=1.0):
     """(median device seconds per call from CUDA events, median wall seconds per call including
     reading `accepted` to the host). A truncation is built once (build_warps), as a decoding loop
@@ -174,12 +184,9 @@ def time_method(cp, method, inputs, reps, temperature=1.0):
         call(method, _next_input(inputs, k), temperature=temperature, seed=1, offset=k).accepted.get()
     device = device_seconds(cp, lambda k: call(method, _next_input(inputs, k), temperature=temperature, seed=1,
                                                offset=k), reps)
-    wall = []
-    for k in range(reps):
-        t0 = time.perf_counter()
-        call(method, _next_input(inputs, k), temperature=temperature, seed=2, offset=k).accepted.get()
-        wall.append(time.perf_counter() - t0)
-    return device, float(np.median(wall))
+    wall = wall_seconds(lambda k: call(method, _next_input(inputs, k), temperature=temperature, seed=2,
+                                       offset=k).accepted.get(), reps)
+    return device, wall
 
 
 def run(methods, vocabs, gammas, batches, dtypes, reps=30, progress=None):

@@ -117,7 +117,7 @@ WALK_MIN_BYTES = 256 << 20
 # decisions they could skip on; with shorter items a position spans two or more waves and the early
 # requests' decisions are known by the time their next items are handed out (H100, V = 151936, random
 # drafts, device µs, one-wave items -> 16 sweeps: float32 B = 64 127.7 -> 111.3, B = 128 228.6 ->
-# 194.7; float16 B = 128 144.7 -> 130.3; drafts sampled from q 0.89-0.94x; every draft accepted
+# 194.7; float16 B = 128 144.7 -> 130.3; drafts sampled from q 0.89-0.95x; every draft accepted
 # float32 1.00x, float16 up to 1.05x; benchmarks/verify_walk.py --sweeps, NOTES.md "The walk order").
 WALK_ITEM_SWEEPS = 16
 
