@@ -3,9 +3,9 @@
 ChainSpeculativeSampling (FlashInfer's include/flashinfer/sampling.cuh; one block per request) takes
 probabilities; `exact` is timed from the same probabilities (verify(probs=True)) and from the logits
 they came from. Device µs: median of CUDA events over --reps calls queued behind a busy kernel, inputs
-rotated past twice the L2 (bench verify's harness); wall µs: median of call + synchronize. gamma = 5;
-random draft ids, ids sampled from the draft, drafts equal to the target. Each row gives both
-kernels' mean accepted drafts over one call: a check that both read the same inputs.
+rotated past twice the L2; wall µs: median of call + synchronize. gamma = 5; random draft ids, ids
+sampled from the draft, drafts equal to the target. Both kernels' mean accepted drafts (one call)
+check that they read the same inputs.
 
 Build the wrapper once (nvcc; FlashInfer's and curand's headers):
     pip download flashinfer-python --no-deps -d fi && unzip -q -o 'fi/*.whl' 'flashinfer/data/include/*' -d fi

@@ -161,7 +161,7 @@ def device_seconds(cp, call, reps, per_call_s=200e-6):
 
 
 def wall_seconds(call, reps):
-    """Median wall seconds of call(k), k = 0 .. reps-1, each returning once its result is on the host."""
+    """Median wall seconds of call(k), k = 0 .. reps-1 (each returns with its result on the host)."""
     wall = []
     for k in range(reps):
         t0 = time.perf_counter()
